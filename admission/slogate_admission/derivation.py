@@ -1,0 +1,148 @@
+"""From an SLO and a calibration profile to the thresholds a gate enforces.
+
+Spec: "Deriving the admission threshold from the SLO", "Little's law", "Degrees of
+no" (priority classes) and "CPU SLM serving". Nothing here is a guess: every
+number is the SLO combined with a measurement, and the inputs travel with it.
+"""
+
+from __future__ import annotations
+
+import math
+from datetime import datetime
+
+from slogate_admission.queueing import little_l_max
+from slogate_admission.schema import (
+    CalibrationProfile,
+    ClassPolicy,
+    ClassThresholds,
+    Policy,
+    Thresholds,
+)
+from slogate_admission.service import DecodeCurve, PrefillCurve, service_demand_s
+from slogate_admission.ttft import token_budget
+
+DEFAULT_CLASS_NAME = "default"
+DEFAULT_REFERENCE_PROMPT_TOKENS = 512
+"""Prompt length at which the queue-drain rate is taken. Queued prompts are of many
+lengths; the rate at a mid-size prompt is conservative for short ones and honest
+for typical chat turns. The sidecar replaces it with the live measured rate."""
+
+
+class DerivationError(ValueError):
+    """The SLO cannot be met by the measured server at all, or the inputs contradict."""
+
+
+def prefill_curve(profile: CalibrationProfile) -> PrefillCurve:
+    """The measured T_prefill(n) of a profile."""
+    fit = profile.prefill
+    return PrefillCurve(fit.intercept_s, fit.linear_s, fit.quadratic_s)
+
+
+def decode_curve(profile: CalibrationProfile) -> DecodeCurve:
+    """The measured per-stream decode speeds of a profile, B = 1..N."""
+    return DecodeCurve(tuple(p.tokens_per_second for p in profile.decode))
+
+
+def derive_thresholds(
+    policy: Policy,
+    profile: CalibrationProfile,
+    *,
+    derived_at: datetime,
+    reference_prompt_tokens: int = DEFAULT_REFERENCE_PROMPT_TOKENS,
+) -> Thresholds:
+    """Derive every threshold; raise DerivationError if the SLO is unattainable.
+
+    - Queue rate R = n_ref / T_prefill(n_ref) (tokens/s).
+    - Decode cap = largest B ≤ slots with t_1 · f(B) ≤ TPOT SLO.
+    - Concurrency cap = min(policy max, slots, decode cap).
+    - Per class, highest first: budget_i = min(own TTFT SLO, budget_{i-1}), so a lower
+      class never admits deeper into the queue than a higher one (it would fill the
+      queue the higher class needs); its looser SLO buys it deferral time instead.
+      token_budget_i = budget_i · R. Cap_i = cap − slots reserved by classes above.
+    - Little's law: λ_srv = cap / T(r_ref); W_max = TTFT SLO + n_out_ref · t_decode(cap);
+      L_max = ⌊λ_srv · W_max⌋ bounds requests inside, deferred ones included.
+    """
+    slots = profile.server.slots
+    prefill = prefill_curve(profile)
+    decode = decode_curve(profile)
+    per_request_max = min(profile.kv.per_request_max_tokens, profile.kv.capacity_tokens)
+    n_ref = max(1, min(reference_prompt_tokens, per_request_max // 2))
+    rate = prefill.tokens_per_second(n_ref)
+
+    tpot = policy.slo.time_per_output_token_seconds
+    decode_cap = slots if tpot is None else decode.max_streams_within(tpot, slots)
+    if decode_cap == 0:
+        raise DerivationError(
+            f"the per-token SLO of {tpot} s cannot be met: a lone stream decodes at "
+            f"{decode.t1_s:.4f} s/token on the measured server"
+        )
+    policy_max = policy.concurrency.max if policy.concurrency.max is not None else slots
+    cap = min(policy_max, slots, decode_cap)
+
+    class_policies = policy.classes or (ClassPolicy(name=DEFAULT_CLASS_NAME),)
+    classes: list[ClassThresholds] = []
+    budget_above = math.inf
+    reserved_above = 0
+    for cls in class_policies:
+        own_slo = cls.ttft_seconds if cls.ttft_seconds is not None else policy.slo.ttft_seconds
+        budget = min(own_slo, budget_above)
+        if budget <= prefill.intercept_s:
+            raise DerivationError(
+                f"class {cls.name!r}: a TTFT budget of {budget} s is below the server's fixed "
+                f"prefill cost of {prefill.intercept_s:.3f} s; no request could be admitted"
+            )
+        class_cap = cap - reserved_above
+        if class_cap < 1:
+            raise DerivationError(
+                f"class {cls.name!r} has no concurrency slot: cap {cap} minus "
+                f"{reserved_above} reserved by classes above"
+            )
+        classes.append(
+            ClassThresholds(
+                name=cls.name,
+                ttft_slo_seconds=own_slo,
+                ttft_budget_seconds=budget,
+                token_budget=token_budget(budget, rate),
+                concurrency_cap=class_cap,
+            )
+        )
+        budget_above = budget
+        reserved_above += cls.reserved_slots
+
+    default_class = policy.default_class or classes[-1].name
+    default_slo = next(c.ttft_slo_seconds for c in classes if c.name == default_class)
+    n_out_ref = policy.output_tokens.default
+    service_s = service_demand_s(prefill, decode, n_ref, n_out_ref, streams=cap)
+    throughput = cap / service_s
+    w_max = default_slo + n_out_ref * decode.seconds_per_token(cap)
+    l_max = max(cap, math.floor(little_l_max(throughput, w_max)))
+
+    return Thresholds(
+        calibration_id=profile.id,
+        fingerprint=profile.fingerprint,
+        model=profile.model.name,
+        quantization=profile.model.quantization,
+        derived_at=derived_at,
+        prefill_intercept_s=prefill.intercept_s,
+        prefill_linear_s=prefill.linear_s,
+        prefill_quadratic_s=prefill.quadratic_s,
+        prefill_tokens_per_second=rate,
+        decode_tokens_per_second=decode.per_stream_tokens_per_s,
+        tpot_slo_seconds=tpot,
+        concurrency_cap=cap,
+        decode_streams_cap=decode_cap,
+        kv_bytes_per_token=profile.kv.bytes_per_token,
+        kv_capacity_tokens=profile.kv.capacity_tokens,
+        per_request_max_tokens=per_request_max,
+        throughput_rps=throughput,
+        w_max_seconds=w_max,
+        l_max=l_max,
+        classes=tuple(classes),
+        default_class=default_class,
+        output_tokens=policy.output_tokens,
+        max_wait_seconds=policy.deferral.max_wait_seconds,
+        clamp_max_tokens=policy.degradation.clamp_max_tokens,
+        tokens_per_char=profile.tokens_per_char.p95 if profile.tokens_per_char else None,
+        reference_prompt_tokens=n_ref,
+        reference_output_tokens=n_out_ref,
+    )

@@ -1,0 +1,298 @@
+"""The shared schema: policy (from the user), calibration profile (measured), thresholds (derived).
+
+External schema -> defaults -> validated, immutable values. Operator and sidecar
+exchange these as JSON (camelCase, like the CRD); Python code uses snake_case.
+Every model is frozen and rejects unknown fields, so a typo never becomes a default.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic.alias_generators import to_camel
+
+from slogate_admission.output_tokens import OutputTokenEstimate
+
+PositiveSeconds = Annotated[float, Field(gt=0, allow_inf_nan=False)]
+NonNegativeSeconds = Annotated[float, Field(ge=0, allow_inf_nan=False)]
+Quantile = Annotated[float, Field(gt=0, lt=1)]
+ClassName = Annotated[str, Field(pattern=r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")]
+
+
+class Model(BaseModel):
+    """Base: frozen, strict about unknown fields, camelCase on the wire."""
+
+    model_config = ConfigDict(
+        frozen=True,
+        extra="forbid",
+        alias_generator=to_camel,
+        populate_by_name=True,
+        ser_json_inf_nan="strings",
+    )
+
+
+# --------------------------------------------------------------------------- policy
+
+
+class SLO(Model):
+    """The service-level objective the gate protects."""
+
+    ttft_seconds: PositiveSeconds
+    """Time-to-first-token target, seconds: the number users feel most."""
+    quantile: Quantile = 0.5
+    """The TTFT quantile the target applies to (the predicate predicts a median)."""
+    time_per_output_token_seconds: PositiveSeconds | None = None
+    """Per-token decode target; bounds how many streams may decode at once."""
+
+
+class ClassPolicy(Model):
+    """A priority class. Classes are listed highest priority first."""
+
+    name: ClassName
+    """Matched against the X-Slogate-Class header or an API key's class."""
+    ttft_seconds: PositiveSeconds | None = None
+    """This class's own TTFT target; the policy's SLO when unset."""
+    reserved_slots: Annotated[int, Field(ge=0)] = 0
+    """Concurrency slots only this class and those above it may use."""
+
+
+class OutputTokensPolicy(Model):
+    """How n_out is bounded for KV reservation and service-time estimates."""
+
+    estimate: OutputTokenEstimate = OutputTokenEstimate.MAX_TOKENS
+    """MaxTokens (worst case), RouteQuantile (learned), or Default."""
+    quantile: Quantile = 0.95
+    """The learned quantile for RouteQuantile: conservative, never the mean."""
+    default: Annotated[int, Field(ge=1)] = 256
+    """Used when a request names no max_tokens, and by the Default estimate."""
+
+
+class ConcurrencyPolicy(Model):
+    """The hard cap on streams decoding at once."""
+
+    max: Annotated[int, Field(ge=1)] | None = None
+    """At most this many; never more than the server's slots. Unset: the slots."""
+
+
+class DeferralPolicy(Model):
+    """Deferral: wait briefly for capacity instead of rejecting at once."""
+
+    max_wait_seconds: NonNegativeSeconds = 1.0
+    """Longest wait; also capped by the request's own SLO slack. 0 disables deferral."""
+
+
+class DegradationPolicy(Model):
+    """Degradation: admit a smaller request instead of rejecting."""
+
+    clamp_max_tokens: bool = False
+    """When KV is short, lower max_tokens to what fits (a response header says so)."""
+
+
+class Policy(Model):
+    """Everything the user says about admission; derivation combines it with a profile."""
+
+    slo: SLO
+    output_tokens: OutputTokensPolicy = OutputTokensPolicy()
+    concurrency: ConcurrencyPolicy = ConcurrencyPolicy()
+    classes: tuple[ClassPolicy, ...] = ()
+    """Highest priority first. Empty: one class named ``default`` with the SLO."""
+    default_class: ClassName | None = None
+    """The class of requests that name none (or an unknown one). Unset: the lowest class."""
+    deferral: DeferralPolicy = DeferralPolicy()
+    degradation: DegradationPolicy = DegradationPolicy()
+
+    @model_validator(mode="after")
+    def _classes_are_consistent(self) -> Policy:
+        names = [c.name for c in self.classes]
+        if len(set(names)) != len(names):
+            raise ValueError(f"class names must be unique, got {names}")
+        if self.default_class is not None and self.default_class not in names:
+            raise ValueError(
+                f"defaultClass {self.default_class!r} is not one of the classes {names}"
+            )
+        reserved = sum(c.reserved_slots for c in self.classes)
+        if self.concurrency.max is not None and reserved >= self.concurrency.max and len(names) > 1:
+            raise ValueError(
+                f"classes reserve {reserved} slots but concurrency.max is {self.concurrency.max}: "
+                "the lowest class would have no slot at all"
+            )
+        return self
+
+
+# --------------------------------------------------------------------------- profile
+
+
+class PrefillPoint(Model):
+    """One prefill measurement."""
+
+    prompt_tokens: Annotated[int, Field(ge=1)]
+    seconds: PositiveSeconds
+
+
+class PrefillFit(Model):
+    """T_prefill(n) = intercept + linear·n + quadratic·n², fitted to measured points."""
+
+    form: Literal["affine", "quadratic"]
+    intercept_s: NonNegativeSeconds
+    linear_s: PositiveSeconds
+    quadratic_s: NonNegativeSeconds = 0.0
+    rms_relative_error: Annotated[float, Field(ge=0)] = 0.0
+    """Root-mean-square of (fit − measured) / measured over the points."""
+    points: tuple[PrefillPoint, ...] = ()
+
+
+class DecodePoint(Model):
+    """Per-stream decode speed with ``streams`` streams decoding together."""
+
+    streams: Annotated[int, Field(ge=1)]
+    tokens_per_second: Annotated[float, Field(gt=0, allow_inf_nan=False)]
+
+
+class ModelInfo(Model):
+    """What model was measured (from GGUF metadata)."""
+
+    name: str
+    quantization: str
+    n_layers: Annotated[int, Field(ge=1)]
+    n_kv_heads: Annotated[int, Field(ge=1)]
+    head_dim: Annotated[int, Field(ge=1)]
+    file_bytes: Annotated[int, Field(ge=0)] = 0
+
+
+class ServerInfo(Model):
+    """The server settings that change speed and capacity."""
+
+    slots: Annotated[int, Field(ge=1)]
+    ctx_per_slot: Annotated[int, Field(ge=1)]
+    threads: int | None = None
+    batch_size: int | None = None
+    cache_type_k: str = "f16"
+    cache_type_v: str = "f16"
+
+
+class KVInfo(Model):
+    """KV cache geometry: the memory predicate's numbers."""
+
+    bytes_per_token: Annotated[float, Field(gt=0)]
+    capacity_tokens: Annotated[int, Field(ge=1)]
+    """All cells the server has (slots x per-slot context when not unified)."""
+    per_request_max_tokens: Annotated[int, Field(ge=1)]
+    """n_in + n_out may not exceed one slot's context."""
+
+
+class TokensPerChar(Model):
+    """Tokens per character of the model's tokenizer, over a varied sample."""
+
+    mean: Annotated[float, Field(gt=0)]
+    p95: Annotated[float, Field(gt=0)]
+    max: Annotated[float, Field(gt=0)]
+    samples: Annotated[int, Field(ge=1)]
+
+
+class CalibrationProfile(Model):
+    """A measurement of one model + quantization + server settings + hardware."""
+
+    schema_version: Literal[1] = 1
+    id: str
+    fingerprint: str
+    """Same fingerprint = the profile is still valid for that server."""
+    measured_at: datetime
+    model: ModelInfo
+    server: ServerInfo
+    prefill: PrefillFit
+    decode: tuple[DecodePoint, ...]
+    kv: KVInfo
+    tokens_per_char: TokensPerChar | None = None
+    fingerprint_inputs: dict[str, str] = {}
+    duration_s: NonNegativeSeconds = 0.0
+
+    @model_validator(mode="after")
+    def _decode_covers_one_to_b(self) -> CalibrationProfile:
+        streams = [p.streams for p in self.decode]
+        if streams != list(range(1, len(streams) + 1)):
+            raise ValueError(f"decode points must cover B = 1..N in order, got {streams}")
+        return self
+
+
+# --------------------------------------------------------------------------- thresholds
+
+
+class ClassThresholds(Model):
+    """One class's derived limits."""
+
+    name: ClassName
+    ttft_slo_seconds: PositiveSeconds
+    """The class's own target: a deferred request may wait only within it."""
+    ttft_budget_seconds: PositiveSeconds
+    """Admit-now budget: min(own target, budgets of every class above)."""
+    token_budget: Annotated[float, Field(gt=0)]
+    """ttft_budget_seconds x prefill rate: queued tokens an empty request may wait behind."""
+    concurrency_cap: Annotated[int, Field(ge=1)]
+    """Streams this class may fill: the cap minus slots reserved for classes above."""
+
+
+class Thresholds(Model):
+    """What a gate enforces: derived from a Policy and a CalibrationProfile, never guessed."""
+
+    schema_version: Literal[1] = 1
+    calibration_id: str
+    fingerprint: str
+    model: str
+    quantization: str
+    derived_at: datetime
+    prefill_intercept_s: NonNegativeSeconds
+    prefill_linear_s: PositiveSeconds
+    prefill_quadratic_s: NonNegativeSeconds = 0.0
+    prefill_tokens_per_second: Annotated[float, Field(gt=0, allow_inf_nan=False)]
+    """Queue drain rate: the calibrated rate at the reference prompt length."""
+    decode_tokens_per_second: tuple[Annotated[float, Field(gt=0)], ...]
+    """Per-stream tokens/s at B = 1..N (the f(B) curve)."""
+    tpot_slo_seconds: PositiveSeconds | None = None
+    concurrency_cap: Annotated[int, Field(ge=1)]
+    """min(policy max, slots, decode cap)."""
+    decode_streams_cap: Annotated[int, Field(ge=0)]
+    """Largest B with t_decode(B) within the per-token SLO (slots if no such SLO)."""
+    kv_bytes_per_token: Annotated[float, Field(gt=0)]
+    kv_capacity_tokens: Annotated[int, Field(ge=1)]
+    per_request_max_tokens: Annotated[int, Field(ge=1)]
+    throughput_rps: Annotated[float, Field(gt=0)]
+    """Sustainable completions/s for the reference request at the concurrency cap."""
+    w_max_seconds: PositiveSeconds
+    l_max: Annotated[int, Field(ge=1)]
+    """Little's law cap on requests inside (admitted, deferred, or in service)."""
+    classes: tuple[ClassThresholds, ...]
+    default_class: ClassName
+    output_tokens: OutputTokensPolicy
+    max_wait_seconds: NonNegativeSeconds
+    clamp_max_tokens: bool
+    tokens_per_char: Annotated[float, Field(gt=0)] | None = None
+    """Conservative (p95) tokens per character, to estimate n_in without tokenizing."""
+    reference_prompt_tokens: Annotated[int, Field(ge=1)]
+    reference_output_tokens: Annotated[int, Field(ge=1)]
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Thresholds:
+        names = [c.name for c in self.classes]
+        if not names:
+            raise ValueError("thresholds need at least one class")
+        if len(set(names)) != len(names):
+            raise ValueError(f"class names must be unique, got {names}")
+        if self.default_class not in names:
+            raise ValueError(f"defaultClass {self.default_class!r} is not one of {names}")
+        if any(c.concurrency_cap > self.concurrency_cap for c in self.classes):
+            raise ValueError("a class cap exceeds the concurrency cap")
+        for above, below in zip(self.classes, self.classes[1:], strict=False):
+            # A higher class must be admitted whenever a lower one would be.
+            if below.ttft_budget_seconds > above.ttft_budget_seconds:
+                raise ValueError(
+                    f"class {below.name!r} has a larger TTFT budget than {above.name!r}"
+                )
+            if below.concurrency_cap > above.concurrency_cap:
+                raise ValueError(f"class {below.name!r} has a larger cap than {above.name!r}")
+        if any(c.ttft_budget_seconds > c.ttft_slo_seconds for c in self.classes):
+            raise ValueError("a class's TTFT budget exceeds its own TTFT SLO")
+        if self.per_request_max_tokens > self.kv_capacity_tokens:
+            raise ValueError("perRequestMaxTokens exceeds kvCapacityTokens")
+        return self

@@ -1,0 +1,1 @@
+"""The `slogate` command: one dispatcher above every package, importing each lazily."""

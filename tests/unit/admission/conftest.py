@@ -1,0 +1,25 @@
+"""Fixtures for the core's tests."""
+
+import pytest
+from admission_factories import smollm2_profile
+
+from slogate_admission.schema import CalibrationProfile, Policy
+
+
+@pytest.fixture
+def profile() -> CalibrationProfile:
+    return smollm2_profile()
+
+
+@pytest.fixture
+def two_class_policy() -> Policy:
+    return Policy.model_validate(
+        {
+            "slo": {"ttftSeconds": 2.0, "timePerOutputTokenSeconds": 0.05},
+            "concurrency": {"max": 4},
+            "classes": [
+                {"name": "interactive", "ttftSeconds": 1.0, "reservedSlots": 1},
+                {"name": "batch", "ttftSeconds": 10},
+            ],
+        }
+    )

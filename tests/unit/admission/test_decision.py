@@ -1,0 +1,131 @@
+"""The per-arrival decision: outcomes, every failed reason, and the numbers behind them."""
+
+import pytest
+from admission_factories import NOW
+
+from slogate_admission.decision import (
+    Decision,
+    GateConfig,
+    LiveState,
+    Outcome,
+    Reason,
+    Request,
+    decide,
+)
+from slogate_admission.derivation import derive_thresholds
+from slogate_admission.schema import CalibrationProfile, Policy
+
+
+@pytest.fixture
+def gate(two_class_policy: Policy, profile: CalibrationProfile) -> GateConfig:
+    return GateConfig.from_thresholds(derive_thresholds(two_class_policy, profile, derived_at=NOW))
+
+
+def test_idle_server_admits(gate: GateConfig) -> None:
+    d = decide(gate, Request(200, 128, "interactive"), LiveState(), now=0)
+    assert d.outcome is Outcome.ADMIT
+    assert d.reasons == ()
+    assert d.retry_after_s is None
+    assert d.predicted_ttft_s == pytest.approx(gate.prefill.seconds(200))
+    assert d.kv_needed_tokens == 328
+
+
+def test_ttft_miss_for_top_class_rejects_at_once(gate: GateConfig) -> None:
+    rate = gate.prefill_tokens_per_s
+    d = decide(
+        gate, Request(200, 128, "interactive"), LiveState(queued_prefill_tokens=2 * rate), now=0
+    )
+    assert d.outcome is Outcome.REJECT
+    assert d.reasons == (Reason.TTFT,)
+    assert d.retry_after_s == pytest.approx((2 * rate - d.max_queued_tokens) / rate)
+    assert d.fits_ever
+
+
+def test_lower_class_defers_within_its_own_slo(gate: GateConfig) -> None:
+    # batch may not admit past interactive's 1 s budget, but its own 10 s SLO has slack.
+    rate = gate.prefill_tokens_per_s
+    d = decide(
+        gate, Request(200, 128, "batch"), LiveState(queued_prefill_tokens=2 * rate), now=100.0
+    )
+    assert d.outcome is Outcome.DEFER
+    assert d.reasons == (Reason.TTFT,)
+    assert d.max_wait_s == pytest.approx(1.0)  # the policy's max wait < slack
+    assert d.defer_deadline == pytest.approx(101.0)
+
+
+def test_all_failed_reasons_are_reported(gate: GateConfig) -> None:
+    rate = gate.prefill_tokens_per_s
+    state = LiveState(queued_prefill_tokens=5 * rate, streams=4, reserved_kv_tokens=8000)
+    d = decide(gate, Request(500, 500, "interactive"), state, now=0)
+    assert d.outcome is Outcome.REJECT
+    assert set(d.reasons) == {Reason.TTFT, Reason.KV, Reason.CONCURRENCY, Reason.DECODE}
+
+
+def test_kv_gate_uses_worst_case_reservation(gate: GateConfig) -> None:
+    state = LiveState(reserved_kv_tokens=8192 - 1000)
+    assert decide(gate, Request(200, 800, "interactive"), state, now=0).outcome is Outcome.ADMIT
+    d = decide(gate, Request(200, 801, "interactive"), state, now=0)
+    assert d.reasons == (Reason.KV,)
+    assert d.kv_free_tokens == 1000
+    assert d.kv_needed_tokens == 1001
+    assert d.outcome is Outcome.DEFER  # slots free when a stream ends
+
+
+def test_request_beyond_one_slot_never_fits(gate: GateConfig) -> None:
+    d = decide(gate, Request(1500, 1000, "batch"), LiveState(), now=0)
+    assert d.outcome is Outcome.REJECT
+    assert d.reasons == (Reason.TTFT, Reason.KV)  # 1,500 tokens also exceed the 1 s admit budget
+    assert not d.fits_ever
+    assert d.retry_after_s is None
+
+
+def test_degradation_clamps_max_tokens(
+    two_class_policy: Policy, profile: CalibrationProfile
+) -> None:
+    raw = two_class_policy.model_dump(by_alias=True)
+    degrading = Policy.model_validate({**raw, "degradation": {"clampMaxTokens": True}})
+    gate = GateConfig.from_thresholds(derive_thresholds(degrading, profile, derived_at=NOW))
+    d = decide(gate, Request(200, 2000, "interactive"), LiveState(), now=0)
+    assert d.outcome is Outcome.ADMIT
+    assert d.clamped
+    assert d.output_tokens == 2048 - 200
+
+
+def test_reserved_slot_only_for_top_class(gate: GateConfig) -> None:
+    state = LiveState(streams=3)
+    assert decide(gate, Request(100, 100, "interactive"), state, now=0).outcome is Outcome.ADMIT
+    d = decide(gate, Request(100, 100, "batch"), state, now=0)
+    assert d.reasons == (Reason.CONCURRENCY,)
+    assert d.concurrency_cap == 3
+
+
+def test_unknown_class_gets_the_default(gate: GateConfig) -> None:
+    assert decide(gate, Request(10, 10, "nope"), LiveState(), now=0).class_name == "batch"
+    assert decide(gate, Request(10, 10, None), LiveState(), now=0).class_name == "batch"
+
+
+def test_deferral_bounded_by_littles_law(gate: GateConfig) -> None:
+    state = LiveState(streams=3, deferred=gate.l_max)
+    d = decide(gate, Request(100, 100, "batch"), state, now=0)
+    assert d.outcome is Outcome.REJECT
+    assert d.reasons == (Reason.CONCURRENCY, Reason.QUEUE_FULL)
+
+
+def test_slower_live_rate_raises_prediction(gate: GateConfig) -> None:
+    calibrated = decide(gate, Request(300, 10), LiveState(queued_prefill_tokens=100), now=0)
+    slow = decide(
+        gate,
+        Request(300, 10),
+        LiveState(queued_prefill_tokens=100, prefill_tokens_per_s=gate.prefill_tokens_per_s / 2),
+        now=0,
+    )
+    assert slow.predicted_ttft_s == pytest.approx(2 * calibrated.predicted_ttft_s)
+
+
+def test_retry_after_for_capacity_uses_next_release(gate: GateConfig) -> None:
+    no_defer = GateConfig(**{**{f: getattr(gate, f) for f in gate.__slots__}, "max_wait_s": 0.0})
+    d: Decision = decide(
+        no_defer, Request(100, 100, "batch"), LiveState(streams=3, next_release_s=4.5), now=0
+    )
+    assert d.outcome is Outcome.REJECT
+    assert d.retry_after_s == 4.5

@@ -1,0 +1,119 @@
+"""`slogate what-if`: the spec's worked example end to end, and bad input."""
+
+import importlib.metadata
+import json
+import subprocess
+import sys
+
+import pytest
+
+SPEC = ["--prefill-tps", "1200", "--ttft-slo", "2", "--prompt-tokens", "800"]
+
+
+def run(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "slogate_cli.main", "what-if", *args],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=60,
+    )
+
+
+def what_if(*args: str) -> dict[str, object]:
+    done = run(*args)
+    assert done.returncode == 0, done.stderr
+    assert done.stderr == ""
+    result: dict[str, object] = json.loads(done.stdout)
+    return result
+
+
+def test_spec_1100_queued_admits() -> None:
+    out = what_if(*SPEC, "--queued-tokens", "1100")
+    assert out["own_prefill_s"] == pytest.approx(0.67, abs=0.005)
+    assert out["queue_wait_s"] == pytest.approx(0.92, abs=0.005)
+    assert out["predicted_ttft_s"] == pytest.approx(1.59, abs=0.01)
+    assert out["max_queued_tokens"] == pytest.approx(1600)
+    assert out["admit"] is True
+    assert out["reasons"] == []
+    assert out["retry_after_s"] == 0
+
+
+def test_spec_2400_queued_rejects() -> None:
+    out = what_if(*SPEC, "--queued-tokens", "2400")
+    assert out["queue_wait_s"] == pytest.approx(2.0)
+    assert out["predicted_ttft_s"] == pytest.approx(2.67, abs=0.005)
+    assert out["admit"] is False
+    assert out["reasons"] == ["ttft"]
+    assert out["retry_after_s"] == pytest.approx(800 / 1200)
+
+
+def test_spec_kv_172_mb_vs_150_mb_rejects_though_latency_passes() -> None:
+    out = what_if(
+        *SPEC, "--queued-tokens", "1100", "--max-tokens", "512",
+        "--layers", "32", "--kv-heads", "8", "--head-dim", "128", "--kv-bytes-per-elem", "2",
+        "--kv-free-bytes", "150000000",
+    )  # fmt: skip
+    assert out["kv_bytes_per_token"] == 131072
+    assert out["kv_needed_bytes"] == pytest.approx(172e6, rel=0.005)
+    assert out["admit"] is False
+    assert out["reasons"] == ["kv"]
+
+
+def test_every_failed_predicate_is_listed() -> None:
+    out = what_if(
+        *SPEC, "--queued-tokens", "2400", "--max-tokens", "512", "--kv-bytes-per-token", "131072",
+        "--kv-free-bytes", "1", "--in-flight", "4", "--concurrency-cap", "4",
+    )  # fmt: skip
+    assert out["reasons"] == ["ttft", "kv", "concurrency"]
+
+
+def test_queueing_outputs() -> None:
+    out = what_if(
+        "--arrival-rate", "9", "--service-rate", "10", "--w-max", "2", "--reject-fraction", "0.5"
+    )
+    assert out["utilization"] == pytest.approx(0.9)
+    assert out["mm1_time_in_system_s"] == pytest.approx(1.0)
+    assert out["mm1_number_in_system"] == pytest.approx(9.0)
+    assert out["l_max"] == pytest.approx(20)
+    assert out["effective_arrival_multiplier"] == pytest.approx(2.0)
+    assert out["effective_arrival_rate"] == pytest.approx(18.0)
+
+
+def test_overload_is_reported_unstable_not_as_a_number() -> None:
+    out = what_if("--arrival-rate", "15", "--service-rate", "10")
+    assert out["stable"] is False
+    assert out["mm1_time_in_system_s"] is None
+
+
+def test_missing_inputs_are_named() -> None:
+    out = what_if("--prefill-tps", "1200")
+    assert "admit" not in out
+    assert {"prompt_tokens", "queued_tokens", "kv_bytes_per_token", "w_max"} <= set(out["missing"])  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("args", "fragment"),
+    [
+        (["--prefill-tps", "-5"], "must be > 0"),
+        (["--ttft-slo", "0"], "must be > 0"),
+        (["--prompt-tokens", "eight"], "not a whole number"),
+        (["--queued-tokens", "nan"], "not a finite number"),
+        (["--reject-fraction", "1"], "[0, 1)"),
+        (["--no-such-flag", "3"], "unrecognized arguments"),
+        (["--arrival-rate", "abc"], "not a number"),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_2(args: list[str], fragment: str) -> None:
+    done = run(*args)
+    assert done.returncode == 2
+    assert done.stdout == ""
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1, done.stderr
+    assert fragment in lines[0]
+    assert "Traceback" not in done.stderr
+
+
+def test_console_script_is_installed() -> None:
+    scripts = importlib.metadata.entry_points(group="console_scripts")
+    assert scripts["slogate"].value == "slogate_cli.main:main"
