@@ -18,7 +18,7 @@ from slogate_admission.schema import (
     Policy,
     Thresholds,
 )
-from slogate_admission.service import DecodeCurve, PrefillCurve, service_demand_s
+from slogate_admission.service import DecodeCurve, PrefillCurve, server_seconds_per_request
 from slogate_admission.ttft import token_budget
 
 DEFAULT_CLASS_NAME = "default"
@@ -59,8 +59,10 @@ def derive_thresholds(
       class never admits deeper into the queue than a higher one (it would fill the
       queue the higher class needs); its looser SLO buys it deferral time instead.
       token_budget_i = budget_i · R. Cap_i = cap − slots reserved by classes above.
-    - Little's law: λ_srv = cap / T(r_ref); W_max = TTFT SLO + n_out_ref · t_decode(cap);
-      L_max = ⌊λ_srv · W_max⌋ bounds requests inside, deferred ones included.
+    - Little's law: λ_srv = 1 / (T_prefill(n_ref) + n_out_ref · t_decode(cap) / cap), the
+      server's work-conserving rate (see server_seconds_per_request); W_max = TTFT SLO +
+      n_out_ref · t_decode(cap); L_max = ⌊λ_srv · W_max⌋ bounds requests inside,
+      deferred ones included.
     """
     slots = profile.server.slots
     prefill = prefill_curve(profile)
@@ -112,8 +114,7 @@ def derive_thresholds(
     default_class = policy.default_class or classes[-1].name
     default_slo = next(c.ttft_slo_seconds for c in classes if c.name == default_class)
     n_out_ref = policy.output_tokens.default
-    service_s = service_demand_s(prefill, decode, n_ref, n_out_ref, streams=cap)
-    throughput = cap / service_s
+    throughput = 1.0 / server_seconds_per_request(prefill, decode, n_ref, n_out_ref, cap)
     w_max = default_slo + n_out_ref * decode.seconds_per_token(cap)
     l_max = max(cap, math.floor(little_l_max(throughput, w_max)))
 

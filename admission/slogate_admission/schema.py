@@ -258,7 +258,7 @@ class Thresholds(Model):
     kv_capacity_tokens: Annotated[int, Field(ge=1)]
     per_request_max_tokens: Annotated[int, Field(ge=1)]
     throughput_rps: Annotated[float, Field(gt=0)]
-    """Sustainable completions/s for the reference request at the concurrency cap."""
+    """μ: sustainable completions/s for the reference request at the concurrency cap."""
     w_max_seconds: PositiveSeconds
     l_max: Annotated[int, Field(ge=1)]
     """Little's law cap on requests inside (admitted, deferred, or in service)."""

@@ -125,6 +125,24 @@ def service_demand_s(
     return prefill.seconds(prompt_tokens) + output_tokens * decode.seconds_per_token(streams)
 
 
+def server_seconds_per_request(
+    prefill: PrefillCurve,
+    decode: DecodeCurve,
+    prompt_tokens: int,
+    output_tokens: int,
+    streams: int,
+) -> float:
+    """Server time one request costs when B streams share the cores: 1 / μ.
+
+    T_prefill(n_in) + n_out · t_decode(B) / B. On a CPU server prefill and decode
+    run on the same cores, so a request's prefill is exclusive, while each batched
+    decode step produces one token for each of B streams: a request owns 1/B of the
+    steps that make its n_out tokens. Work-conserving, so μ = 1 / this.
+    """
+    require_positive("streams", streams)
+    return prefill.seconds(prompt_tokens) + output_tokens / decode.aggregate_tokens_per_s(streams)
+
+
 def resident_streams_within_tpot(
     decode: DecodeCurve, resident_streams: int, tpot_slo_s: float
 ) -> bool:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Sequence
 
-from slogate_cli import whatif_command
+from slogate_cli import calibrate_command, derive_command, up_command, whatif_command
 from slogate_cli.arguments import OneLineParser
 
 
@@ -16,6 +16,9 @@ def build_parser() -> OneLineParser:
     )
     subparsers = parser.add_subparsers(dest="command", required=True, parser_class=OneLineParser)
     whatif_command.add_parser(subparsers)
+    calibrate_command.add_parser(subparsers)
+    derive_command.add_parser(subparsers)
+    up_command.add_parser(subparsers)
     return parser
 
 

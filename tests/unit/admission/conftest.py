@@ -1,8 +1,8 @@
 """Fixtures for the core's tests."""
 
 import pytest
-from admission_factories import smollm2_profile
 
+from builders import smollm2_profile
 from slogate_admission.schema import CalibrationProfile, Policy
 
 

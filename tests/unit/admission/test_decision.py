@@ -1,8 +1,8 @@
 """The per-arrival decision: outcomes, every failed reason, and the numbers behind them."""
 
 import pytest
-from admission_factories import NOW
 
+from builders import NOW
 from slogate_admission.decision import (
     Decision,
     GateConfig,

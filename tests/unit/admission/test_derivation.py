@@ -1,9 +1,9 @@
 """Threshold derivation: SLO + measured profile -> thresholds, and its refusals."""
 
 import pytest
-from admission_factories import NOW, smollm2_profile
 from pydantic import ValidationError
 
+from builders import NOW, smollm2_profile
 from slogate_admission.derivation import DerivationError, derive_thresholds
 from slogate_admission.schema import CalibrationProfile, Policy, Thresholds
 from slogate_admission.service import PrefillCurve
@@ -61,8 +61,10 @@ def test_classes_are_monotone(two_class_policy: Policy, profile: CalibrationProf
 def test_littles_law_cap(profile: CalibrationProfile) -> None:
     t = derive_thresholds(policy(), profile, derived_at=NOW)
     assert t.w_max_seconds == pytest.approx(2.0 + 256 / 45)
-    assert t.l_max == int(t.throughput_rps * t.w_max_seconds)
-    assert t.l_max >= t.concurrency_cap
+    prefill = PrefillCurve(0.02, 0.0029, 1e-7)
+    assert t.throughput_rps == pytest.approx(1 / (prefill.seconds(512) + 256 / (4 * 45)))
+    # L_max = floor(λ · W_max), never below the concurrency cap (it bounds deferral beyond it).
+    assert t.l_max == max(t.concurrency_cap, int(t.throughput_rps * t.w_max_seconds))
 
 
 def test_unattainable_tpot_is_refused(profile: CalibrationProfile) -> None:

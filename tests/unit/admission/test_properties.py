@@ -1,9 +1,9 @@
 """Hypothesis properties of the decision: monotone in load, ordered by class."""
 
-from admission_factories import NOW, smollm2_profile
 from hypothesis import given
 from hypothesis import strategies as st
 
+from builders import NOW, smollm2_profile
 from slogate_admission.decision import GateConfig, LiveState, Outcome, Request, decide
 from slogate_admission.derivation import derive_thresholds
 from slogate_admission.kv import kv_gate

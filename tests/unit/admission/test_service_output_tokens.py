@@ -11,6 +11,7 @@ from slogate_admission.service import (
     DecodeCurve,
     PrefillCurve,
     resident_streams_within_tpot,
+    server_seconds_per_request,
     service_demand_s,
 )
 
@@ -56,6 +57,14 @@ def test_max_streams_within_tpot() -> None:
 def test_resident_check_is_on_b_plus_one() -> None:
     assert resident_streams_within_tpot(SMOLLM2, 1, 1 / 60)  # B+1 = 2: 69 tok/s
     assert not resident_streams_within_tpot(SMOLLM2, 2, 1 / 60)  # B+1 = 3: 57 tok/s
+
+
+def test_server_seconds_share_decode_steps() -> None:
+    prefill = PrefillCurve(0.0, 1 / 1200)
+    # 4 streams at 45 tok/s each: 180 tok/s of decode; 90 tokens cost 0.5 s of server time.
+    assert server_seconds_per_request(prefill, SMOLLM2, 600, 90, 4) == pytest.approx(0.5 + 0.5)
+    # One stream: the request owns every step.
+    assert server_seconds_per_request(prefill, SMOLLM2, 600, 98, 1) == pytest.approx(0.5 + 1.0)
 
 
 def test_service_demand() -> None:

@@ -1,0 +1,223 @@
+"""Calibration: measure one live llama-server and produce its CalibrationProfile.
+
+Stages, in order, all under one time budget: preflight (is it llama-server, is it
+idle; then the GGUF metadata, KV geometry and fingerprint), warm-up, tokenizer,
+prefill sweep, decode sweep. A run that exceeds its budget stops and names the stage.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+
+from slogate_admission.schema import CalibrationProfile, KVInfo, ServerInfo
+from slogate_calibration.corpus import SAMPLES
+from slogate_calibration.fitting import fit_prefill
+from slogate_calibration.measure import (
+    PromptMaker,
+    measure_decode,
+    measure_prefill,
+    measure_tokens_per_char,
+    median_points,
+    prefill_lengths,
+)
+from slogate_calibration.model_file import (
+    ModelFile,
+    ModelFileError,
+    fingerprint,
+    kv_bytes_per_token_for,
+    read_model_file,
+)
+from slogate_calibration.server_args import speed_settings
+from slogate_calibration.upstream import LlamaClient, ServerProps, UpstreamError
+
+
+class CalibrationError(RuntimeError):
+    """Calibration cannot run or cannot finish; the message says why."""
+
+
+class UpstreamBusyError(CalibrationError):
+    """The server already serves traffic: measurements would be wrong."""
+
+
+class BudgetExceededError(CalibrationError):
+    """The run took longer than its budget."""
+
+    def __init__(self, stage: str, budget_s: float) -> None:
+        super().__init__(f"calibration exceeded its {budget_s:g} s budget in stage {stage!r}")
+        self.stage = stage
+
+
+@dataclass(frozen=True, slots=True)
+class CalibrationSettings:
+    """What to measure and how hard."""
+
+    upstream: str
+    """Base URL of the llama-server to measure."""
+    model_path: Path | None = None
+    """The GGUF file it serves; unset: the path its /props reports (same host or pod)."""
+    server_args: Sequence[str] = ()
+    """The server's command-line arguments: threads, batch and cache types are not in /props."""
+    budget_s: float = 90.0
+    """Stop (and write nothing) after this long."""
+    force: bool = False
+    """Measure even if the server is busy (the numbers will be pessimistic)."""
+    decode_repeats: int = 4
+    seed: int = 0
+
+
+@dataclass(slots=True)
+class Progress:
+    """Hooks for a progress display: total work units, then one call per unit done."""
+
+    start: Callable[[int], None] = lambda _total: None
+    advance: Callable[[], None] = lambda: None
+    stage: Callable[[str], None] = lambda _name: None
+
+
+@dataclass(slots=True)
+class _Run:
+    settings: CalibrationSettings
+    progress: Progress
+    stage: str = "preflight"
+    started: float = field(default_factory=time.monotonic)
+
+    def enter(self, stage: str) -> None:
+        self.stage = stage
+        self.progress.stage(stage)
+
+
+async def calibrate(
+    settings: CalibrationSettings, progress: Progress | None = None
+) -> CalibrationProfile:
+    """Measure the server; raise CalibrationError (or a subclass) with a clear message."""
+    run = _Run(settings, progress or Progress())
+    try:
+        async with asyncio.timeout(settings.budget_s):
+            return await _measure(run)
+    except TimeoutError:
+        raise BudgetExceededError(run.stage, settings.budget_s) from None
+    except UpstreamError as error:
+        raise CalibrationError(f"stage {run.stage!r}: {error}") from None
+
+
+@dataclass(frozen=True, slots=True)
+class ServerIdentity:
+    """What is being measured: the server's shape, its model, and their fingerprint."""
+
+    props: ServerProps
+    model: ModelFile
+    settings: dict[str, str]
+    cache_type_k: str
+    cache_type_v: str
+    kv_bytes_per_token: float
+    fingerprint: str
+    fingerprint_inputs: dict[str, str]
+
+
+async def identify(client: LlamaClient, s: CalibrationSettings) -> ServerIdentity:
+    """Preflight and model stages: llama-server? idle? which model, which settings?
+
+    Cheap (no inference), so `slogate up` runs it to look up a cached profile.
+    """
+    props = await client.props()
+    counters = await client.counters()
+    if counters.requests_processing > 0 and not s.force:
+        raise UpstreamBusyError(
+            f"{s.upstream} is serving {counters.requests_processing:g} request(s): a busy "
+            "server measures slow; stop its traffic or pass --force"
+        )
+    settings = speed_settings(s.server_args)
+    model_path = s.model_path or Path(props.model_path)
+    try:
+        # ~4 s of parsing the tokenizer in the header: off the loop, so a budget can
+        # still fire (and name this stage) while it runs.
+        model = await asyncio.to_thread(read_model_file, model_path)
+    except ModelFileError as error:
+        raise CalibrationError(
+            f"{error}; pass --model with the GGUF file the server serves"
+        ) from None
+    cache_k = settings.get("cache_type_k", "f16")
+    cache_v = settings.get("cache_type_v", "f16")
+    try:
+        bytes_per_token = kv_bytes_per_token_for(model, cache_k, cache_v)
+    except ValueError as error:
+        raise CalibrationError(f"KV cache geometry: {error}") from None
+    settings |= {"slots": str(props.total_slots), "ctx_per_slot": str(props.ctx_per_slot)}
+    digest, inputs = fingerprint(model, settings)
+    return ServerIdentity(props, model, settings, cache_k, cache_v, bytes_per_token, digest, inputs)
+
+
+async def identify_server(settings: CalibrationSettings) -> ServerIdentity:
+    """``identify`` with its own connection; upstream failures become CalibrationError."""
+    try:
+        async with LlamaClient(settings.upstream) as client:
+            return await identify(client, settings)
+    except UpstreamError as error:
+        raise CalibrationError(str(error)) from None
+
+
+async def _measure(run: _Run) -> CalibrationProfile:
+    s = run.settings
+    async with LlamaClient(s.upstream) as client:
+        run.enter("preflight")
+        who = await identify(client, s)
+        props = who.props
+        lengths = prefill_lengths(props.ctx_per_slot)
+        run.progress.start(
+            2 + len(SAMPLES) + len(lengths) * 2 + props.total_slots * s.decode_repeats
+        )
+
+        run.enter("warm-up")
+        # The first requests after start pay one-off costs (page faults, thread spin-up).
+        warm = PromptMaker(list(range(100, 400)), seed=s.seed)
+        for _ in range(2):
+            await client.complete(warm.make(64), n_predict=8)
+            run.progress.advance()
+
+        run.enter("tokenizer")
+        density = await measure_tokens_per_char(client, SAMPLES, run.progress.advance)
+        maker = PromptMaker(await client.tokenize("\n".join(SAMPLES)), seed=s.seed)
+
+        run.enter("prefill")
+        points = await measure_prefill(client, maker, lengths, run.progress.advance)
+        prefill = fit_prefill(median_points(points))
+
+        run.enter("decode")
+        decode = await measure_decode(
+            client, maker, props.total_slots, s.decode_repeats, run.progress.advance
+        )
+
+    measured_at = datetime.now(UTC)
+    return CalibrationProfile(
+        id=f"{who.model.quantization.lower()}-{who.fingerprint[:8]}-{measured_at:%Y%m%dT%H%M%SZ}",
+        fingerprint=who.fingerprint,
+        measured_at=measured_at,
+        model=who.model.to_model_info(),
+        server=ServerInfo(
+            slots=props.total_slots,
+            ctx_per_slot=props.ctx_per_slot,
+            threads=_int_or_none(who.settings.get("threads")),
+            batch_size=_int_or_none(who.settings.get("batch_size")),
+            cache_type_k=who.cache_type_k,
+            cache_type_v=who.cache_type_v,
+        ),
+        prefill=prefill,
+        decode=tuple(decode),
+        kv=KVInfo(
+            bytes_per_token=who.kv_bytes_per_token,
+            capacity_tokens=props.total_slots * props.ctx_per_slot,
+            per_request_max_tokens=props.ctx_per_slot,
+        ),
+        tokens_per_char=density,
+        fingerprint_inputs=who.fingerprint_inputs,
+        duration_s=time.monotonic() - run.started,
+    )
+
+
+def _int_or_none(text: str | None) -> int | None:
+    return int(text) if text is not None and text.lstrip("-").isdigit() else None

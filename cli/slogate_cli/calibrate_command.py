@@ -1,0 +1,84 @@
+"""`slogate calibrate`: measure a live llama-server, write its CalibrationProfile.
+
+Outputs: ``--out FILE`` (full JSON, written atomically), one compact JSON line on
+stdout, and ``--termination-message-path`` (the compact form, under 4 KiB) for a
+Kubernetes Job. Exit codes: 0 done; 2 bad input or upstream unusable (unreachable,
+not llama-server, busy); 3 the budget ran out (the message names the stage).
+No file is written unless the run completes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import shlex
+import sys
+from pathlib import Path
+
+from slogate_calibration.calibrate import (
+    BudgetExceededError,
+    CalibrationError,
+    CalibrationSettings,
+    calibrate,
+)
+from slogate_calibration.output import compact_json, full_json, write_atomic
+from slogate_cli.arguments import Subcommands, positive_float
+from slogate_cli.progress_bar import progress_hooks
+
+EXIT_UPSTREAM = 2
+EXIT_BUDGET = 3
+
+
+def add_parser(subparsers: Subcommands) -> None:
+    """Register `calibrate`."""
+    parser = subparsers.add_parser(
+        "calibrate", help="measure a live llama-server", description=__doc__
+    )
+    parser.add_argument(
+        "--upstream", required=True, help="llama-server base URL, e.g. http://127.0.0.1:8080"
+    )
+    parser.add_argument(
+        "--model", type=Path, help="the GGUF it serves (default: the path /props reports)"
+    )
+    parser.add_argument("--out", type=Path, help="write the full profile JSON here (atomically)")
+    parser.add_argument(
+        "--termination-message-path", type=Path, help="write the compact profile here"
+    )
+    parser.add_argument(
+        "--budget-seconds", type=positive_float, default=90.0, help="stop after this long"
+    )
+    parser.add_argument(
+        "--server-args",
+        default="",
+        help="the server's arguments as one string (threads, batch, cache types: not in /props)",
+    )
+    parser.add_argument("--force", action="store_true", help="measure even if the server is busy")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    parser.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Calibrate, then write the outputs; errors are one line on stderr."""
+    settings = CalibrationSettings(
+        upstream=args.upstream,
+        model_path=args.model,
+        server_args=tuple(shlex.split(args.server_args)),
+        budget_s=args.budget_seconds,
+        force=args.force,
+    )
+    try:
+        with progress_hooks(not args.no_progress) as hooks:
+            profile = asyncio.run(calibrate(settings, hooks))
+    except BudgetExceededError as error:
+        sys.stderr.write(f"slogate calibrate: error: {error}\n")
+        return EXIT_BUDGET
+    except (CalibrationError, ValueError) as error:
+        sys.stderr.write(f"slogate calibrate: error: {error}\n")
+        return EXIT_UPSTREAM
+    compact = compact_json(profile)
+    if args.out is not None:
+        write_atomic(args.out, full_json(profile))
+    if args.termination_message_path is not None:
+        write_atomic(args.termination_message_path, compact)
+    sys.stdout.write(compact + "\n")
+    return 0

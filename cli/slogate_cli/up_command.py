@@ -1,0 +1,184 @@
+"""`slogate up`: a local stack without Kubernetes.
+
+Starts the bundled llama-server (or attaches to ``--upstream``), calibrates it unless
+a profile with the same fingerprint is cached under ``--state-dir`` (default
+``.slogate/``), derives thresholds for the SLO and prints them. Then it keeps the
+server up until interrupted, or exits at once with ``--once``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import shlex
+import signal
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import UTC, datetime
+from pathlib import Path
+
+from pydantic import ValidationError
+from rich.console import Console
+from rich.table import Table
+
+from slogate_admission.derivation import DerivationError, derive_thresholds
+from slogate_admission.schema import CalibrationProfile, Thresholds
+from slogate_calibration.calibrate import (
+    CalibrationError,
+    CalibrationSettings,
+    calibrate,
+    identify_server,
+)
+from slogate_calibration.output import full_json, write_atomic
+from slogate_calibration.runtime import LlamaServer, LlamaServerError, RuntimeNotFound, locate
+from slogate_cli.arguments import Subcommands, positive_float, positive_int
+from slogate_cli.derive_command import add_policy_flags, build_policy
+from slogate_cli.progress_bar import progress_hooks
+
+
+def add_parser(subparsers: Subcommands) -> None:
+    """Register `up`."""
+    parser = subparsers.add_parser(
+        "up", help="llama-server + calibration + thresholds, locally", description=__doc__
+    )
+    parser.add_argument("--upstream", help="attach to this llama-server instead of starting one")
+    parser.add_argument(
+        "--server-args", default="", help="with --upstream: its arguments as one string"
+    )
+    parser.add_argument("--threads", type=positive_int, default=2, help="llama-server threads")
+    parser.add_argument("--parallel", type=positive_int, default=4, help="llama-server slots")
+    parser.add_argument("--ctx", type=positive_int, default=8192, help="llama-server total context")
+    parser.add_argument(
+        "--state-dir", type=Path, default=Path(".slogate"), help="profile cache and outputs"
+    )
+    parser.add_argument(
+        "--budget-seconds", type=positive_float, default=120.0, help="calibration budget"
+    )
+    parser.add_argument("--once", action="store_true", help="print the thresholds and stop")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    add_policy_flags(parser)
+    parser.set_defaults(run=run)
+
+
+@contextmanager
+def llama_server(args: argparse.Namespace) -> Iterator[tuple[str, tuple[str, ...]]]:
+    """(base URL, server args) of the upstream: attached, or started and stopped here."""
+    if args.upstream:
+        yield args.upstream, tuple(shlex.split(args.server_args))
+        return
+    log = args.state_dir / "llama-server.log"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    server = LlamaServer(
+        locate(), threads=args.threads, parallel=args.parallel, ctx=args.ctx, log_path=log
+    )
+    server.start()
+    try:
+        yield server.url, server.args[1:]
+    finally:
+        server.stop()
+
+
+def cached_or_fresh_profile(
+    args: argparse.Namespace, settings: CalibrationSettings, console: Console
+) -> CalibrationProfile:
+    """The cached profile for this server's fingerprint, else a new calibration (then cached)."""
+    identity = asyncio.run(identify_server(settings))
+    cache = args.state_dir / "profiles" / f"{identity.fingerprint}.json"
+    if cache.exists():
+        try:
+            profile = CalibrationProfile.model_validate_json(cache.read_text())
+        except ValidationError:
+            console.print(f"cached profile {cache} is unreadable: calibrating again")
+        else:
+            if profile.fingerprint == identity.fingerprint:
+                console.print(
+                    f"using cached profile {profile.id} (fingerprint {identity.fingerprint})"
+                )
+                return profile
+    console.print(
+        f"calibrating (fingerprint {identity.fingerprint}, budget {settings.budget_s:g} s)"
+    )
+    with progress_hooks(not args.no_progress) as hooks:
+        profile = asyncio.run(calibrate(settings, hooks))
+    write_atomic(cache, full_json(profile))
+    console.print(f"calibrated {profile.id} in {profile.duration_s:.0f} s, cached at {cache}")
+    return profile
+
+
+def thresholds_table(profile: CalibrationProfile, t: Thresholds) -> Table:
+    """The derived thresholds, readable."""
+    table = Table(title=f"slogate thresholds for {t.model} {t.quantization} ({t.calibration_id})")
+    table.add_column("what")
+    table.add_column("value", justify="right")
+    table.add_column("from")
+    decode = " / ".join(f"{p.tokens_per_second:.0f}" for p in profile.decode)
+    table.add_row(
+        "prefill rate",
+        f"{t.prefill_tokens_per_second:.0f} tok/s",
+        f"measured, at {t.reference_prompt_tokens}-token prompts",
+    )
+    table.add_row("decode per stream", f"{decode} tok/s", "measured at B = 1..slots")
+    table.add_row(
+        "concurrency cap",
+        str(t.concurrency_cap),
+        f"min(policy, slots, decode cap {t.decode_streams_cap})",
+    )
+    table.add_row(
+        "KV capacity", f"{t.kv_capacity_tokens} tokens", f"{t.kv_bytes_per_token:.0f} B/token"
+    )
+    table.add_row(
+        "L_max", str(t.l_max), f"λ {t.throughput_rps:.2f} req/s x W_max {t.w_max_seconds:.1f} s"
+    )
+    for c in t.classes:
+        table.add_row(
+            f"class {c.name}",
+            f"{c.token_budget:.0f} tokens",
+            f"TTFT budget {c.ttft_budget_seconds:g} s (own SLO {c.ttft_slo_seconds:g} s), "
+            f"cap {c.concurrency_cap}",
+        )
+    return table
+
+
+def run(args: argparse.Namespace) -> int:
+    """Bring the stack up; one-line errors on failure."""
+    console = Console(stderr=True)
+    try:
+        policy = build_policy(args)
+        with llama_server(args) as (url, server_args):
+            settings = CalibrationSettings(
+                upstream=url, server_args=server_args, budget_s=args.budget_seconds
+            )
+            profile = cached_or_fresh_profile(args, settings, console)
+            thresholds = derive_thresholds(policy, profile, derived_at=datetime.now(UTC))
+            write_atomic(
+                args.state_dir / "thresholds.json",
+                thresholds.model_dump_json(by_alias=True, indent=2),
+            )
+            Console().print(thresholds_table(profile, thresholds))
+            if args.once:
+                return 0
+            console.print(
+                f"llama-server at {url}; thresholds in {args.state_dir / 'thresholds.json'}; "
+                "Ctrl-C stops"
+            )
+            wait_for_signal()
+    except (
+        CalibrationError,
+        DerivationError,
+        LlamaServerError,
+        RuntimeNotFound,
+        ValueError,
+    ) as error:
+        sys.stderr.write(f"slogate up: error: {error}\n")
+        return 2
+    return 0
+
+
+def wait_for_signal() -> None:
+    """Block until SIGINT or SIGTERM."""
+    received: list[int] = []
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda signum, _frame: received.append(signum))
+    while not received:
+        signal.pause()
