@@ -46,7 +46,7 @@ lint: dev
 	$(VENV)/bin/ruff format --check .
 
 typecheck: dev
-	$(VENV)/bin/mypy admission/slogate_admission calibration/slogate_calibration cli/slogate_cli
+	$(VENV)/bin/mypy admission/slogate_admission calibration/slogate_calibration sidecar/slogate_sidecar bench/slogate_bench cli/slogate_cli
 
 contracts: dev
 	cd $(CURDIR) && $(VENV)/bin/lint-imports
@@ -61,7 +61,7 @@ test: dev llama lint typecheck contracts
 	$(VENV)/bin/pytest -q
 
 demo: dev llama
-	@echo "make demo: the overload demo arrives with the sidecar issue (#4); nothing else pretends to be it."
+	$(VENV)/bin/slogate demo
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis

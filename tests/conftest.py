@@ -57,9 +57,7 @@ def llama_runtime() -> LlamaRuntime:
 
 
 @pytest.fixture(scope="session")
-def llama_server(
-    llama_runtime: LlamaRuntime, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[LlamaServer]:
+def llama_server(llama_runtime: LlamaRuntime, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LlamaServer]:
     """One real llama-server (-t 2 -np 4 -c 8192, --metrics) shared by the session.
 
     Session scope because every test would otherwise pay the model load; tests must
@@ -88,9 +86,7 @@ def llama_server(
 
 
 @pytest.fixture(scope="session")
-def calibrated_profile_path(
-    llama_server: LlamaServer, tmp_path_factory: pytest.TempPathFactory
-) -> Path:
+def calibrated_profile_path(llama_server: LlamaServer, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A real profile of the session's llama-server, made once by the real `slogate calibrate`.
 
     Later tests (derivation, the sidecar, the operator) start from it, so they run on

@@ -16,7 +16,7 @@ from types import MappingProxyType
 from slogate_admission.retry import retry_after_s
 from slogate_admission.schema import Thresholds
 from slogate_admission.service import DecodeCurve, PrefillCurve
-from slogate_admission.ttft import max_queued_tokens, queue_wait_s
+from slogate_admission.ttft import queue_wait_s
 
 
 class Outcome(StrEnum):
@@ -68,10 +68,7 @@ class GateConfig:
     def from_thresholds(cls, t: Thresholds) -> GateConfig:
         """Compile validated thresholds."""
         classes = {
-            c.name: ClassLimits(
-                c.name, c.ttft_slo_seconds, c.ttft_budget_seconds, c.concurrency_cap
-            )
-            for c in t.classes
+            c.name: ClassLimits(c.name, c.ttft_slo_seconds, c.ttft_budget_seconds, c.concurrency_cap) for c in t.classes
         }
         return cls(
             prefill=PrefillCurve(t.prefill_intercept_s, t.prefill_linear_s, t.prefill_quadratic_s),
@@ -104,6 +101,8 @@ class Request:
     output_tokens: int
     """The conservative n_out to reserve (see output_tokens.estimate_output_tokens)."""
     class_name: str | None = None
+    waited_s: float = 0.0
+    """Time already spent deferred: it counts against the request's TTFT."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -156,7 +155,9 @@ class Decision:
 def decide(config: GateConfig, request: Request, state: LiveState, now: float) -> Decision:
     """One O(1) decision. ``now`` is the caller's monotonic clock (only deadlines use it).
 
-    TTFT: queued / R + T_prefill(n_in) ≤ class budget  ⇔  queued ≤ max_queued(n_in).
+    TTFT: waited + queued / R + T_prefill(n_in) ≤ class budget  ⇔  queued ≤ max_queued(n_in)
+          with max_queued = (budget − waited − T_prefill(n_in)) · R (ttft.max_queued_tokens
+          for a fresh arrival).
     KV:   reserved + n_in + n_out ≤ capacity, and n_in + n_out ≤ one slot's context.
     Concurrency: streams + 1 ≤ class cap (the cap minus slots reserved above).
     Decode: streams + 1 ≤ the largest B whose t_decode(B) meets the per-token SLO.
@@ -170,8 +171,9 @@ def decide(config: GateConfig, request: Request, state: LiveState, now: float) -
     own = config.prefill.seconds(request.prompt_tokens) * (config.prefill_tokens_per_s / rate)
     queued = state.queued_prefill_tokens
     wait = queue_wait_s(queued, rate)
-    predicted = wait + own
-    max_queued = max_queued_tokens(limits.ttft_budget_s, own, rate)
+    predicted = request.waited_s + wait + own
+    # (budget − waited − own) · R: time already spent deferred is spent from the budget.
+    max_queued = (limits.ttft_budget_s - request.waited_s - own) * rate
 
     reasons: list[Reason] = []
     if queued > max_queued:
@@ -224,9 +226,7 @@ def decide(config: GateConfig, request: Request, state: LiveState, now: float) -
     if never_fits:
         return verdict(Outcome.REJECT, fits_ever=False)
 
-    capacity_short = (
-        Reason.KV in reasons or Reason.CONCURRENCY in reasons or Reason.DECODE in reasons
-    )
+    capacity_short = Reason.KV in reasons or Reason.CONCURRENCY in reasons or Reason.DECODE in reasons
     retry = max(
         retry_after_s(queued, max_queued, rate) if Reason.TTFT in reasons else 0.0,
         max(state.next_release_s, 0.0) if capacity_short else 0.0,
@@ -237,7 +237,5 @@ def decide(config: GateConfig, request: Request, state: LiveState, now: float) -
         if state.streams + state.deferred + 1 > config.l_max:
             reasons.append(Reason.QUEUE_FULL)
             return verdict(Outcome.REJECT, retry_after_s=retry)
-        return verdict(
-            Outcome.DEFER, retry_after_s=retry, max_wait_s=max_wait, defer_deadline=now + max_wait
-        )
+        return verdict(Outcome.DEFER, retry_after_s=retry, max_wait_s=max_wait, defer_deadline=now + max_wait)
     return verdict(Outcome.REJECT, retry_after_s=retry)

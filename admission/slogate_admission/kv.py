@@ -10,9 +10,7 @@ from __future__ import annotations
 from slogate_admission._checks import require_non_negative, require_positive
 
 
-def kv_bytes_per_token(
-    n_layers: int, n_kv_heads: int, head_dim: int, bytes_per_element: float
-) -> float:
+def kv_bytes_per_token(n_layers: int, n_kv_heads: int, head_dim: int, bytes_per_element: float) -> float:
     """KV bytes per token = 2 · n_layers · n_kv_heads · d_head · bytes (2: one K and one V).
 
     32 layers, 8 KV heads, d_head 128, fp16 -> 131,072 B; SmolLM2-135M (30, 3, 64,
@@ -35,9 +33,7 @@ def kv_reserved_tokens(prompt_tokens: int, reserved_output_tokens: int) -> int:
     return prompt_tokens + reserved_output_tokens
 
 
-def kv_request_bytes(
-    prompt_tokens: int, reserved_output_tokens: int, bytes_per_token: float
-) -> float:
+def kv_request_bytes(prompt_tokens: int, reserved_output_tokens: int, bytes_per_token: float) -> float:
     """KV(r) = 2 · n_layers · n_kv_heads · d_head · (n_in + n_out) · bytes, via bytes/token."""
     require_positive("bytes_per_token", bytes_per_token)
     return kv_reserved_tokens(prompt_tokens, reserved_output_tokens) * bytes_per_token

@@ -10,9 +10,7 @@ import math
 from slogate_admission._checks import require_fraction, require_non_negative, require_positive
 
 
-def retry_after_s(
-    queued_tokens: float, admissible_queued_tokens: float, prefill_tokens_per_s: float
-) -> float:
+def retry_after_s(queued_tokens: float, admissible_queued_tokens: float, prefill_tokens_per_s: float) -> float:
     """Seconds until the live queue has drained to what this request may wait behind.
 
     (queued − max_queued) / rate, floored at 0: the server's estimate of when capacity

@@ -109,9 +109,7 @@ class Policy(Model):
         if len(set(names)) != len(names):
             raise ValueError(f"class names must be unique, got {names}")
         if self.default_class is not None and self.default_class not in names:
-            raise ValueError(
-                f"defaultClass {self.default_class!r} is not one of the classes {names}"
-            )
+            raise ValueError(f"defaultClass {self.default_class!r} is not one of the classes {names}")
         reserved = sum(c.reserved_slots for c in self.classes)
         if self.concurrency.max is not None and reserved >= self.concurrency.max and len(names) > 1:
             raise ValueError(
@@ -286,9 +284,7 @@ class Thresholds(Model):
         for above, below in zip(self.classes, self.classes[1:], strict=False):
             # A higher class must be admitted whenever a lower one would be.
             if below.ttft_budget_seconds > above.ttft_budget_seconds:
-                raise ValueError(
-                    f"class {below.name!r} has a larger TTFT budget than {above.name!r}"
-                )
+                raise ValueError(f"class {below.name!r} has a larger TTFT budget than {above.name!r}")
             if below.concurrency_cap > above.concurrency_cap:
                 raise ValueError(f"class {below.name!r} has a larger cap than {above.name!r}")
         if any(c.ttft_budget_seconds > c.ttft_slo_seconds for c in self.classes):

@@ -143,9 +143,7 @@ def server_seconds_per_request(
     return prefill.seconds(prompt_tokens) + output_tokens / decode.aggregate_tokens_per_s(streams)
 
 
-def resident_streams_within_tpot(
-    decode: DecodeCurve, resident_streams: int, tpot_slo_s: float
-) -> bool:
+def resident_streams_within_tpot(decode: DecodeCurve, resident_streams: int, tpot_slo_s: float) -> bool:
     """Admitting one more stream keeps every resident stream within the per-token SLO.
 
     Decode on CPU is bandwidth-bound: a new stream slows all of them to

@@ -21,9 +21,7 @@ def queue_wait_s(queued_tokens: float, prefill_tokens_per_s: float) -> float:
     return queued_tokens / prefill_tokens_per_s
 
 
-def predicted_ttft_s(
-    queued_tokens: float, prefill_tokens_per_s: float, own_prefill_s: float
-) -> float:
+def predicted_ttft_s(queued_tokens: float, prefill_tokens_per_s: float, own_prefill_s: float) -> float:
     """TTFT(r) ≈ queued / rate + T_prefill(n_in)."""
     require_non_negative("own_prefill_s", own_prefill_s)
     return queue_wait_s(queued_tokens, prefill_tokens_per_s) + own_prefill_s
@@ -40,9 +38,7 @@ def token_budget(ttft_budget_s: float, prefill_tokens_per_s: float) -> float:
     return ttft_budget_s * prefill_tokens_per_s
 
 
-def max_queued_tokens(
-    ttft_budget_s: float, own_prefill_s: float, prefill_tokens_per_s: float
-) -> float:
+def max_queued_tokens(ttft_budget_s: float, own_prefill_s: float, prefill_tokens_per_s: float) -> float:
     """Max queued tokens for this request: (TTFT_SLO − T_prefill(n_in)) · rate.
 
     Negative when the request's own prefill alone exceeds the SLO: it can never be

@@ -136,9 +136,7 @@ def _verdict_section(i: WhatIfInputs, r: _Report) -> None:
     # Rejected on TTFT: until the queue drains to this request's budget. Rejected on
     # capacity only: the spec's rough queued / throughput. Admitted: 0.
     admissible = r.max_queued if "ttft" in r.reasons and r.max_queued is not None else 0.0
-    r.values["retry_after_s"] = (
-        retry_after_s(i.queued_tokens, admissible, i.prefill_tps) if r.reasons else 0.0
-    )
+    r.values["retry_after_s"] = retry_after_s(i.queued_tokens, admissible, i.prefill_tps) if r.reasons else 0.0
 
 
 def _queueing_section(i: WhatIfInputs, r: _Report) -> None:

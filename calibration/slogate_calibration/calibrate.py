@@ -91,9 +91,7 @@ class _Run:
         self.progress.stage(stage)
 
 
-async def calibrate(
-    settings: CalibrationSettings, progress: Progress | None = None
-) -> CalibrationProfile:
+async def calibrate(settings: CalibrationSettings, progress: Progress | None = None) -> CalibrationProfile:
     """Measure the server; raise CalibrationError (or a subclass) with a clear message."""
     run = _Run(settings, progress or Progress())
     try:
@@ -138,9 +136,7 @@ async def identify(client: LlamaClient, s: CalibrationSettings) -> ServerIdentit
         # still fire (and name this stage) while it runs.
         model = await asyncio.to_thread(read_model_file, model_path)
     except ModelFileError as error:
-        raise CalibrationError(
-            f"{error}; pass --model with the GGUF file the server serves"
-        ) from None
+        raise CalibrationError(f"{error}; pass --model with the GGUF file the server serves") from None
     cache_k = settings.get("cache_type_k", "f16")
     cache_v = settings.get("cache_type_v", "f16")
     try:
@@ -168,9 +164,7 @@ async def _measure(run: _Run) -> CalibrationProfile:
         who = await identify(client, s)
         props = who.props
         lengths = prefill_lengths(props.ctx_per_slot)
-        run.progress.start(
-            2 + len(SAMPLES) + len(lengths) * 2 + props.total_slots * s.decode_repeats
-        )
+        run.progress.start(2 + len(SAMPLES) + len(lengths) * 2 + props.total_slots * s.decode_repeats)
 
         run.enter("warm-up")
         # The first requests after start pay one-off costs (page faults, thread spin-up).
@@ -188,9 +182,7 @@ async def _measure(run: _Run) -> CalibrationProfile:
         prefill = fit_prefill(median_points(points))
 
         run.enter("decode")
-        decode = await measure_decode(
-            client, maker, props.total_slots, s.decode_repeats, run.progress.advance
-        )
+        decode = await measure_decode(client, maker, props.total_slots, s.decode_repeats, run.progress.advance)
 
     measured_at = datetime.now(UTC)
     return CalibrationProfile(

@@ -43,10 +43,7 @@ def median_points(points: Sequence[PrefillPoint]) -> list[PrefillPoint]:
     by_length: dict[int, list[float]] = {}
     for p in points:
         by_length.setdefault(p.prompt_tokens, []).append(p.seconds)
-    return [
-        PrefillPoint(prompt_tokens=n, seconds=statistics.median(times))
-        for n, times in sorted(by_length.items())
-    ]
+    return [PrefillPoint(prompt_tokens=n, seconds=statistics.median(times)) for n, times in sorted(by_length.items())]
 
 
 class PromptMaker:
@@ -129,9 +126,7 @@ async def measure_decode(
     return result
 
 
-async def measure_tokens_per_char(
-    client: LlamaClient, samples: Sequence[str], tick: Tick
-) -> TokensPerChar:
+async def measure_tokens_per_char(client: LlamaClient, samples: Sequence[str], tick: Tick) -> TokensPerChar:
     """Tokens per character over each sample: mean, p95 (nearest rank) and max."""
     ratios: list[float] = []
     for text in samples:
@@ -139,6 +134,4 @@ async def measure_tokens_per_char(
         tick()
     ordered = sorted(ratios)
     p95 = ordered[max(math.ceil(0.95 * len(ordered)), 1) - 1]
-    return TokensPerChar(
-        mean=statistics.fmean(ratios), p95=p95, max=ordered[-1], samples=len(ratios)
-    )
+    return TokensPerChar(mean=statistics.fmean(ratios), p95=p95, max=ordered[-1], samples=len(ratios))

@@ -114,9 +114,7 @@ def read_model_file(path: Path) -> ModelFile:
     # A truncated or damaged file surfaces as whatever numpy hit first (IndexError on a
     # short read, ValueError on a bad reshape or enum value, ...): report it as corrupt.
     except (ValueError, IndexError, KeyError, OverflowError) as exc:
-        raise ModelFileError(
-            f"{path} is not a readable GGUF file (truncated or corrupt?): {exc}"
-        ) from exc
+        raise ModelFileError(f"{path} is not a readable GGUF file (truncated or corrupt?): {exc}") from exc
     return _model_file(path, file_bytes, reader)
 
 
@@ -131,12 +129,8 @@ def _model_file(path: Path, file_bytes: int, reader: GGUFReader) -> ModelFile:
             f"{path}: {arch}.embedding_length {embedding} is not a multiple of "
             f"head_count {head_count}, and no attention.key_length says the head size"
         )
-    head_dim_k = _optional_int(reader, path, f"{arch}.attention.key_length") or (
-        embedding // head_count
-    )
-    head_dim_v = _optional_int(reader, path, f"{arch}.attention.value_length") or (
-        embedding // head_count
-    )
+    head_dim_k = _optional_int(reader, path, f"{arch}.attention.key_length") or (embedding // head_count)
+    head_dim_v = _optional_int(reader, path, f"{arch}.attention.value_length") or (embedding // head_count)
     data_offset = int(reader.data_offset)
     return ModelFile(
         path=path,
@@ -234,9 +228,7 @@ def cache_type_bytes_per_element(cache_type: str) -> float:
     try:
         ggml_type = CACHE_TYPES[cache_type.lower()]
     except KeyError:
-        raise ValueError(
-            f"unknown KV cache type {cache_type!r}; llama.cpp knows {', '.join(CACHE_TYPES)}"
-        ) from None
+        raise ValueError(f"unknown KV cache type {cache_type!r}; llama.cpp knows {', '.join(CACHE_TYPES)}") from None
     block_size, block_bytes = GGML_QUANT_SIZES[ggml_type]
     return block_bytes / block_size
 
@@ -252,9 +244,7 @@ def _check_blocks(cache_type: str, head_dim: int, which: str) -> None:
         )
 
 
-def kv_bytes_per_token_for(
-    model: ModelFile, cache_type_k: str = "f16", cache_type_v: str = "f16"
-) -> float:
+def kv_bytes_per_token_for(model: ModelFile, cache_type_k: str = "f16", cache_type_v: str = "f16") -> float:
     """KV bytes one token occupies: n_layers · n_kv_heads · (d_k · E_k + d_v · E_v).
 
     When K and V have the same type and head size this is the core's 2·L·H·D·E, and the
@@ -284,9 +274,7 @@ def _setting_text(key: str, value: str | int) -> str:
     raise TypeError(f"setting {key!r} must be a string or an integer, got {value!r}")
 
 
-def fingerprint(
-    model: ModelFile, settings: Mapping[str, str | int | None]
-) -> tuple[str, dict[str, str]]:
+def fingerprint(model: ModelFile, settings: Mapping[str, str | int | None]) -> tuple[str, dict[str, str]]:
     """Identify "this model + quantization on a server with these settings".
 
     `settings` are the server options that change speed or capacity: threads, slots,

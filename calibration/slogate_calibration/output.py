@@ -31,9 +31,7 @@ def compact_json(profile: CalibrationProfile) -> str:
     )
     text = slim.model_dump_json(by_alias=True)
     if len(text.encode()) > TERMINATION_MESSAGE_LIMIT:
-        raise ValueError(
-            f"compact profile is {len(text.encode())} bytes, over the 4 KiB message cap"
-        )
+        raise ValueError(f"compact profile is {len(text.encode())} bytes, over the 4 KiB message cap")
     return text
 
 

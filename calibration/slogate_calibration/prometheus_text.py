@@ -142,9 +142,7 @@ def parse_unlabelled(text: str) -> dict[str, float]:
     return values
 
 
-def sample_value(
-    samples: Iterable[Sample], name: str, labels: Mapping[str, str] | None = None
-) -> float:
+def sample_value(samples: Iterable[Sample], name: str, labels: Mapping[str, str] | None = None) -> float:
     """Value of the sample with this printed name and exactly these labels.
 
     Raises MissingMetricError listing the label sets that do exist under that name, which

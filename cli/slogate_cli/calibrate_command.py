@@ -31,22 +31,12 @@ EXIT_BUDGET = 3
 
 def add_parser(subparsers: Subcommands) -> None:
     """Register `calibrate`."""
-    parser = subparsers.add_parser(
-        "calibrate", help="measure a live llama-server", description=__doc__
-    )
-    parser.add_argument(
-        "--upstream", required=True, help="llama-server base URL, e.g. http://127.0.0.1:8080"
-    )
-    parser.add_argument(
-        "--model", type=Path, help="the GGUF it serves (default: the path /props reports)"
-    )
+    parser = subparsers.add_parser("calibrate", help="measure a live llama-server", description=__doc__)
+    parser.add_argument("--upstream", required=True, help="llama-server base URL, e.g. http://127.0.0.1:8080")
+    parser.add_argument("--model", type=Path, help="the GGUF it serves (default: the path /props reports)")
     parser.add_argument("--out", type=Path, help="write the full profile JSON here (atomically)")
-    parser.add_argument(
-        "--termination-message-path", type=Path, help="write the compact profile here"
-    )
-    parser.add_argument(
-        "--budget-seconds", type=positive_float, default=90.0, help="stop after this long"
-    )
+    parser.add_argument("--termination-message-path", type=Path, help="write the compact profile here")
+    parser.add_argument("--budget-seconds", type=positive_float, default=90.0, help="stop after this long")
     parser.add_argument(
         "--server-args",
         default="",

@@ -23,12 +23,8 @@ from slogate_cli.arguments import Subcommands, positive_float, positive_int
 
 def add_parser(subparsers: Subcommands) -> None:
     """Register `derive`."""
-    parser = subparsers.add_parser(
-        "derive", help="derive thresholds from an SLO and a profile", description=__doc__
-    )
-    parser.add_argument(
-        "--profile", type=Path, required=True, help="a profile from `slogate calibrate`"
-    )
+    parser = subparsers.add_parser("derive", help="derive thresholds from an SLO and a profile", description=__doc__)
+    parser.add_argument("--profile", type=Path, required=True, help="a profile from `slogate calibrate`")
     add_policy_flags(parser)
     parser.add_argument("--out", type=Path, help="write the thresholds JSON here (atomically)")
     parser.set_defaults(run=run)
@@ -40,9 +36,7 @@ def add_policy_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--slo-tpot", type=positive_float, help="per-output-token SLO, seconds")
     parser.add_argument("--classes", help="name:ttft[:reserved],... highest priority first")
     parser.add_argument("--concurrency-max", type=positive_int, help="at most this many streams")
-    parser.add_argument(
-        "--policy", type=Path, help="a policy JSON file (overrides the flags above)"
-    )
+    parser.add_argument("--policy", type=Path, help="a policy JSON file (overrides the flags above)")
 
 
 def parse_classes(text: str) -> list[dict[str, Any]]:
@@ -59,9 +53,7 @@ def parse_classes(text: str) -> list[dict[str, Any]]:
             if len(fields) > 2:
                 cls["reservedSlots"] = int(fields[2])
         except ValueError:
-            raise ValueError(
-                f"class {item!r}: ttft must be a number and reserved a whole number"
-            ) from None
+            raise ValueError(f"class {item!r}: ttft must be a number and reserved a whole number") from None
         classes.append(cls)
     return classes
 

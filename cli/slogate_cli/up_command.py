@@ -2,8 +2,8 @@
 
 Starts the bundled llama-server (or attaches to ``--upstream``), calibrates it unless
 a profile with the same fingerprint is cached under ``--state-dir`` (default
-``.slogate/``), derives thresholds for the SLO and prints them. Then it keeps the
-server up until interrupted, or exits at once with ``--once``.
+``.slogate/``), derives thresholds for the SLO and prints them. Then it starts the
+admission sidecar in front and serves until interrupted, or exits with ``--once``.
 """
 
 from __future__ import annotations
@@ -35,27 +35,24 @@ from slogate_calibration.runtime import LlamaServer, LlamaServerError, RuntimeNo
 from slogate_cli.arguments import Subcommands, positive_float, positive_int
 from slogate_cli.derive_command import add_policy_flags, build_policy
 from slogate_cli.progress_bar import progress_hooks
+from slogate_sidecar.admin import apply
+from slogate_sidecar.app import build_sidecar, running
+from slogate_sidecar.settings import SidecarSettings
 
 
 def add_parser(subparsers: Subcommands) -> None:
     """Register `up`."""
-    parser = subparsers.add_parser(
-        "up", help="llama-server + calibration + thresholds, locally", description=__doc__
-    )
+    parser = subparsers.add_parser("up", help="llama-server + calibration + thresholds, locally", description=__doc__)
     parser.add_argument("--upstream", help="attach to this llama-server instead of starting one")
-    parser.add_argument(
-        "--server-args", default="", help="with --upstream: its arguments as one string"
-    )
+    parser.add_argument("--server-args", default="", help="with --upstream: its arguments as one string")
     parser.add_argument("--threads", type=positive_int, default=2, help="llama-server threads")
     parser.add_argument("--parallel", type=positive_int, default=4, help="llama-server slots")
     parser.add_argument("--ctx", type=positive_int, default=8192, help="llama-server total context")
-    parser.add_argument(
-        "--state-dir", type=Path, default=Path(".slogate"), help="profile cache and outputs"
-    )
-    parser.add_argument(
-        "--budget-seconds", type=positive_float, default=120.0, help="calibration budget"
-    )
+    parser.add_argument("--state-dir", type=Path, default=Path(".slogate"), help="profile cache and outputs")
+    parser.add_argument("--budget-seconds", type=positive_float, default=120.0, help="calibration budget")
     parser.add_argument("--once", action="store_true", help="print the thresholds and stop")
+    parser.add_argument("--port", type=int, default=8081, help="the gate's client port")
+    parser.add_argument("--admin-port", type=int, default=8082, help="the gate's admin and /metrics port")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     add_policy_flags(parser)
     parser.set_defaults(run=run)
@@ -69,9 +66,7 @@ def llama_server(args: argparse.Namespace) -> Iterator[tuple[str, tuple[str, ...
         return
     log = args.state_dir / "llama-server.log"
     log.parent.mkdir(parents=True, exist_ok=True)
-    server = LlamaServer(
-        locate(), threads=args.threads, parallel=args.parallel, ctx=args.ctx, log_path=log
-    )
+    server = LlamaServer(locate(), threads=args.threads, parallel=args.parallel, ctx=args.ctx, log_path=log)
     server.start()
     try:
         yield server.url, server.args[1:]
@@ -92,13 +87,9 @@ def cached_or_fresh_profile(
             console.print(f"cached profile {cache} is unreadable: calibrating again")
         else:
             if profile.fingerprint == identity.fingerprint:
-                console.print(
-                    f"using cached profile {profile.id} (fingerprint {identity.fingerprint})"
-                )
+                console.print(f"using cached profile {profile.id} (fingerprint {identity.fingerprint})")
                 return profile
-    console.print(
-        f"calibrating (fingerprint {identity.fingerprint}, budget {settings.budget_s:g} s)"
-    )
+    console.print(f"calibrating (fingerprint {identity.fingerprint}, budget {settings.budget_s:g} s)")
     with progress_hooks(not args.no_progress) as hooks:
         profile = asyncio.run(calibrate(settings, hooks))
     write_atomic(cache, full_json(profile))
@@ -124,18 +115,13 @@ def thresholds_table(profile: CalibrationProfile, t: Thresholds) -> Table:
         str(t.concurrency_cap),
         f"min(policy, slots, decode cap {t.decode_streams_cap})",
     )
-    table.add_row(
-        "KV capacity", f"{t.kv_capacity_tokens} tokens", f"{t.kv_bytes_per_token:.0f} B/token"
-    )
-    table.add_row(
-        "L_max", str(t.l_max), f"λ {t.throughput_rps:.2f} req/s x W_max {t.w_max_seconds:.1f} s"
-    )
+    table.add_row("KV capacity", f"{t.kv_capacity_tokens} tokens", f"{t.kv_bytes_per_token:.0f} B/token")
+    table.add_row("L_max", str(t.l_max), f"λ {t.throughput_rps:.2f} req/s x W_max {t.w_max_seconds:.1f} s")
     for c in t.classes:
         table.add_row(
             f"class {c.name}",
             f"{c.token_budget:.0f} tokens",
-            f"TTFT budget {c.ttft_budget_seconds:g} s (own SLO {c.ttft_slo_seconds:g} s), "
-            f"cap {c.concurrency_cap}",
+            f"TTFT budget {c.ttft_budget_seconds:g} s (own SLO {c.ttft_slo_seconds:g} s), cap {c.concurrency_cap}",
         )
     return table
 
@@ -146,9 +132,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         policy = build_policy(args)
         with llama_server(args) as (url, server_args):
-            settings = CalibrationSettings(
-                upstream=url, server_args=server_args, budget_s=args.budget_seconds
-            )
+            settings = CalibrationSettings(upstream=url, server_args=server_args, budget_s=args.budget_seconds)
             profile = cached_or_fresh_profile(args, settings, console)
             thresholds = derive_thresholds(policy, profile, derived_at=datetime.now(UTC))
             write_atomic(
@@ -158,11 +142,7 @@ def run(args: argparse.Namespace) -> int:
             Console().print(thresholds_table(profile, thresholds))
             if args.once:
                 return 0
-            console.print(
-                f"llama-server at {url}; thresholds in {args.state_dir / 'thresholds.json'}; "
-                "Ctrl-C stops"
-            )
-            wait_for_signal()
+            asyncio.run(serve_gate(url, thresholds, args, console))
     except (
         CalibrationError,
         DerivationError,
@@ -175,10 +155,17 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def wait_for_signal() -> None:
-    """Block until SIGINT or SIGTERM."""
-    received: list[int] = []
+async def serve_gate(upstream: str, thresholds: Thresholds, args: argparse.Namespace, console: Console) -> None:
+    """The sidecar in front of the upstream until SIGINT or SIGTERM."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda signum, _frame: received.append(signum))
-    while not received:
-        signal.pause()
+        loop.add_signal_handler(sig, stop.set)
+    sidecar = build_sidecar(SidecarSettings(upstream=upstream, port=args.port, admin_port=args.admin_port))
+    apply(sidecar, thresholds)
+    async with running(sidecar) as (port, admin_port):
+        console.print(
+            f"slogate gate at http://127.0.0.1:{port} (OpenAI API, /completion) in front of llama-server "
+            f"at {upstream}; admin and /metrics at http://127.0.0.1:{admin_port}; Ctrl-C stops"
+        )
+        await stop.wait()

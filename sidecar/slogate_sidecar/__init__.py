@@ -1,0 +1,1 @@
+"""The per-pod admission gate and proxy in front of llama-server."""

@@ -114,9 +114,7 @@ def test_busy_upstream_refused_without_force(busy_server: LlamaServer, tmp_path:
     assert not out.exists()
 
 
-def test_budget_exceeded_names_the_stage_and_writes_nothing(
-    llama_server: LlamaServer, tmp_path: Path
-) -> None:
+def test_budget_exceeded_names_the_stage_and_writes_nothing(llama_server: LlamaServer, tmp_path: Path) -> None:
     out = tmp_path / "profile.json"
     # Reading the GGUF header alone takes longer than 0.2 s: the budget must run out.
     done = calibrate("--upstream", llama_server.url, "--out", str(out), "--budget-seconds", "0.2")

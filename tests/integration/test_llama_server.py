@@ -132,9 +132,7 @@ def test_completion_advances_counters_by_its_own_timings(llama_server: LlamaServ
 def test_tokenize_counts_the_tokens_a_prompt_costs(llama_server: LlamaServer) -> None:
     short = _post_json(llama_server, "/tokenize", {"content": "hello world"})["tokens"]
     longer = _post_json(llama_server, "/tokenize", {"content": "hello world " * 10})["tokens"]
-    with_special = _post_json(llama_server, "/tokenize", {"content": _PROMPT, "add_special": True})[
-        "tokens"
-    ]
+    with_special = _post_json(llama_server, "/tokenize", {"content": _PROMPT, "add_special": True})["tokens"]
     result = _complete(llama_server, _PROMPT)
 
     assert short
@@ -170,9 +168,7 @@ def test_env_overrides_take_precedence(
     assert runtime.server == llama_runtime.server.resolve()
 
 
-@pytest.mark.parametrize(
-    ("variable", "missing_piece"), [(ENV_MODEL, "model file"), (ENV_LLAMA_SERVER, "not found")]
-)
+@pytest.mark.parametrize(("variable", "missing_piece"), [(ENV_MODEL, "model file"), (ENV_LLAMA_SERVER, "not found")])
 def test_broken_override_names_the_missing_piece(
     variable: str, missing_piece: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
@@ -185,9 +181,7 @@ def test_broken_override_names_the_missing_piece(
     assert str(tmp_path / "absent") in str(caught.value)
 
 
-def test_start_failure_reports_the_log_and_reaps(
-    llama_runtime: LlamaRuntime, tmp_path: Path
-) -> None:
+def test_start_failure_reports_the_log_and_reaps(llama_runtime: LlamaRuntime, tmp_path: Path) -> None:
     bogus = tmp_path / "not-a-model.gguf"
     bogus.write_bytes(b"this is not GGUF")
     server = LlamaServer(llama_runtime, bogus, parallel=1, ctx=512, log_path=tmp_path / "log")
@@ -202,9 +196,7 @@ def test_start_failure_reports_the_log_and_reaps(
     assert server.pid is None
 
 
-def test_context_manager_serves_then_stops_and_reaps(
-    llama_runtime: LlamaRuntime, tmp_path: Path
-) -> None:
+def test_context_manager_serves_then_stops_and_reaps(llama_runtime: LlamaRuntime, tmp_path: Path) -> None:
     server = LlamaServer(llama_runtime, parallel=1, ctx=512, log_path=tmp_path / "log")
     assert "--metrics" in server.args
     assert server.args[server.args.index("--parallel") + 1] == "1"
@@ -223,16 +215,12 @@ def test_context_manager_serves_then_stops_and_reaps(
         _get(server, "/health")
 
 
-def test_explicit_port_in_use_fails_with_the_bind_error(
-    llama_runtime: LlamaRuntime, tmp_path: Path
-) -> None:
+def test_explicit_port_in_use_fails_with_the_bind_error(llama_runtime: LlamaRuntime, tmp_path: Path) -> None:
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        server = LlamaServer(
-            llama_runtime, port=port, parallel=1, ctx=512, log_path=tmp_path / "log"
-        )
+        server = LlamaServer(llama_runtime, port=port, parallel=1, ctx=512, log_path=tmp_path / "log")
 
         with pytest.raises(LlamaServerError, match="couldn't bind"):
             server.start(timeout=60.0)
@@ -250,9 +238,7 @@ def test_auto_port_taken_in_the_meantime_is_retried(
         stolen = taken.getsockname()[1]
         real_free_port = runtime_module._free_port
         picks = iter([stolen])
-        monkeypatch.setattr(
-            runtime_module, "_free_port", lambda host: next(picks, None) or real_free_port(host)
-        )
+        monkeypatch.setattr(runtime_module, "_free_port", lambda host: next(picks, None) or real_free_port(host))
         server = LlamaServer(llama_runtime, parallel=1, ctx=512, log_path=tmp_path / "log")
         assert server.port == stolen
 

@@ -96,9 +96,7 @@ def test_no_names_are_invented(text: str, absent: str) -> None:
 
 def test_every_llama_sample_appears_once_in_order() -> None:
     names = [sample.name for sample in parse_samples(LLAMA_METRICS)]
-    printed = [
-        line.split()[0] for line in LLAMA_METRICS.splitlines() if line and not line.startswith("#")
-    ]
+    printed = [line.split()[0] for line in LLAMA_METRICS.splitlines() if line and not line.startswith("#")]
     assert names == printed
 
 
@@ -123,9 +121,7 @@ def test_labelled_samples_are_kept_apart_and_found_by_labels() -> None:
         ("llamacpp:requests_processing", {"slot": "0"}, "label sets present"),
     ],
 )
-def test_sample_value_reports_what_is_missing(
-    name: str, labels: dict[str, str] | None, message: str
-) -> None:
+def test_sample_value_reports_what_is_missing(name: str, labels: dict[str, str] | None, message: str) -> None:
     samples = parse_samples(LLAMA_METRICS + SPEC_PER_POSITION)
     with pytest.raises(MissingMetricError, match=message):
         sample_value(samples, name, labels)
@@ -147,9 +143,7 @@ def test_llama_counters_from_llama_server_text() -> None:
 
 
 def test_prompt_tokens_cached_total_is_optional() -> None:
-    text = "\n".join(
-        line for line in LLAMA_METRICS.splitlines() if "prompt_tokens_cached_total" not in line
-    )
+    text = "\n".join(line for line in LLAMA_METRICS.splitlines() if "prompt_tokens_cached_total" not in line)
     counters = LlamaCounters.from_text(text)
 
     assert counters.prompt_tokens_cached_total is None

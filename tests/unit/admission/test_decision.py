@@ -32,9 +32,7 @@ def test_idle_server_admits(gate: GateConfig) -> None:
 
 def test_ttft_miss_for_top_class_rejects_at_once(gate: GateConfig) -> None:
     rate = gate.prefill_tokens_per_s
-    d = decide(
-        gate, Request(200, 128, "interactive"), LiveState(queued_prefill_tokens=2 * rate), now=0
-    )
+    d = decide(gate, Request(200, 128, "interactive"), LiveState(queued_prefill_tokens=2 * rate), now=0)
     assert d.outcome is Outcome.REJECT
     assert d.reasons == (Reason.TTFT,)
     assert d.retry_after_s == pytest.approx((2 * rate - d.max_queued_tokens) / rate)
@@ -44,9 +42,7 @@ def test_ttft_miss_for_top_class_rejects_at_once(gate: GateConfig) -> None:
 def test_lower_class_defers_within_its_own_slo(gate: GateConfig) -> None:
     # batch may not admit past interactive's 1 s budget, but its own 10 s SLO has slack.
     rate = gate.prefill_tokens_per_s
-    d = decide(
-        gate, Request(200, 128, "batch"), LiveState(queued_prefill_tokens=2 * rate), now=100.0
-    )
+    d = decide(gate, Request(200, 128, "batch"), LiveState(queued_prefill_tokens=2 * rate), now=100.0)
     assert d.outcome is Outcome.DEFER
     assert d.reasons == (Reason.TTFT,)
     assert d.max_wait_s == pytest.approx(1.0)  # the policy's max wait < slack
@@ -79,9 +75,7 @@ def test_request_beyond_one_slot_never_fits(gate: GateConfig) -> None:
     assert d.retry_after_s is None
 
 
-def test_degradation_clamps_max_tokens(
-    two_class_policy: Policy, profile: CalibrationProfile
-) -> None:
+def test_degradation_clamps_max_tokens(two_class_policy: Policy, profile: CalibrationProfile) -> None:
     raw = two_class_policy.model_dump(by_alias=True)
     degrading = Policy.model_validate({**raw, "degradation": {"clampMaxTokens": True}})
     gate = GateConfig.from_thresholds(derive_thresholds(degrading, profile, derived_at=NOW))
@@ -111,6 +105,16 @@ def test_deferral_bounded_by_littles_law(gate: GateConfig) -> None:
     assert d.reasons == (Reason.CONCURRENCY, Reason.QUEUE_FULL)
 
 
+def test_time_spent_deferred_counts_against_the_budget(gate: GateConfig) -> None:
+    fresh = decide(gate, Request(100, 10, "interactive"), LiveState(), now=0)
+    waited = decide(gate, Request(100, 10, "interactive", waited_s=0.5), LiveState(), now=0)
+    assert waited.predicted_ttft_s == pytest.approx(fresh.predicted_ttft_s + 0.5)
+    assert waited.max_queued_tokens == pytest.approx(fresh.max_queued_tokens - 0.5 * gate.prefill_tokens_per_s)
+    late = decide(gate, Request(100, 10, "interactive", waited_s=1.0), LiveState(), now=0)
+    assert late.outcome is Outcome.REJECT
+    assert late.reasons == (Reason.TTFT,)
+
+
 def test_slower_live_rate_raises_prediction(gate: GateConfig) -> None:
     calibrated = decide(gate, Request(300, 10), LiveState(queued_prefill_tokens=100), now=0)
     slow = decide(
@@ -124,8 +128,6 @@ def test_slower_live_rate_raises_prediction(gate: GateConfig) -> None:
 
 def test_retry_after_for_capacity_uses_next_release(gate: GateConfig) -> None:
     no_defer = GateConfig(**{**{f: getattr(gate, f) for f in gate.__slots__}, "max_wait_s": 0.0})
-    d: Decision = decide(
-        no_defer, Request(100, 100, "batch"), LiveState(streams=3, next_release_s=4.5), now=0
-    )
+    d: Decision = decide(no_defer, Request(100, 100, "batch"), LiveState(streams=3, next_release_s=4.5), now=0)
     assert d.outcome is Outcome.REJECT
     assert d.retry_after_s == 4.5

@@ -28,22 +28,14 @@ def test_single_class_defaults(profile: CalibrationProfile) -> None:
 
 def test_tpot_slo_caps_concurrency(profile: CalibrationProfile) -> None:
     # 1/60 s per token: 69 tok/s at B=2 passes, 57 at B=3 misses.
-    t = derive_thresholds(
-        policy(slo={"ttftSeconds": 2, "timePerOutputTokenSeconds": 1 / 60}), profile, derived_at=NOW
-    )
+    t = derive_thresholds(policy(slo={"ttftSeconds": 2, "timePerOutputTokenSeconds": 1 / 60}), profile, derived_at=NOW)
     assert t.decode_streams_cap == 2
     assert t.concurrency_cap == 2
 
 
 def test_policy_max_and_slots_cap(profile: CalibrationProfile) -> None:
-    assert (
-        derive_thresholds(policy(concurrency={"max": 3}), profile, derived_at=NOW).concurrency_cap
-        == 3
-    )
-    assert (
-        derive_thresholds(policy(concurrency={"max": 16}), profile, derived_at=NOW).concurrency_cap
-        == 4
-    )
+    assert derive_thresholds(policy(concurrency={"max": 3}), profile, derived_at=NOW).concurrency_cap == 3
+    assert derive_thresholds(policy(concurrency={"max": 16}), profile, derived_at=NOW).concurrency_cap == 4
 
 
 def test_classes_are_monotone(two_class_policy: Policy, profile: CalibrationProfile) -> None:
@@ -83,9 +75,7 @@ def test_ttft_below_fixed_cost_is_refused() -> None:
 
 
 def test_reserved_slots_leave_no_room() -> None:
-    one_slot = smollm2_profile(
-        server={"slots": 1, "ctxPerSlot": 2048}, decode=[{"streams": 1, "tokensPerSecond": 98}]
-    )
+    one_slot = smollm2_profile(server={"slots": 1, "ctxPerSlot": 2048}, decode=[{"streams": 1, "tokensPerSecond": 98}])
     p = policy(classes=[{"name": "a", "reservedSlots": 1}, {"name": "b"}])
     with pytest.raises(DerivationError, match="no concurrency slot"):
         derive_thresholds(p, one_slot, derived_at=NOW)
@@ -123,9 +113,7 @@ def test_profile_decode_points_must_be_one_to_n() -> None:
         smollm2_profile(decode=[{"streams": 2, "tokensPerSecond": 69}])
 
 
-def test_thresholds_round_trip_and_refuse_nonsense(
-    profile: CalibrationProfile, two_class_policy: Policy
-) -> None:
+def test_thresholds_round_trip_and_refuse_nonsense(profile: CalibrationProfile, two_class_policy: Policy) -> None:
     t = derive_thresholds(two_class_policy, profile, derived_at=NOW)
     wire = t.model_dump_json(by_alias=True)
     assert '"tokenBudget"' in wire

@@ -26,9 +26,7 @@ from slogate_admission.ttft import (
         (30, 3, 64, 1, 11_520),  # q8_0-ish one byte per element
     ],
 )
-def test_kv_bytes_per_token(
-    layers: int, heads: int, dim: int, elem: float, expected: float
-) -> None:
+def test_kv_bytes_per_token(layers: int, heads: int, dim: int, elem: float, expected: float) -> None:
     assert kv_bytes_per_token(layers, heads, dim, elem) == expected
 
 

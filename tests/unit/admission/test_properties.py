@@ -41,9 +41,7 @@ states = st.builds(
 
 
 @given(requests, states, st.floats(0, 20_000))
-def test_more_queued_tokens_never_turns_reject_into_admit(
-    r: Request, s: LiveState, extra: float
-) -> None:
+def test_more_queued_tokens_never_turns_reject_into_admit(r: Request, s: LiveState, extra: float) -> None:
     before = decide(GATE, r, s, now=0)
     after = decide(
         GATE,
@@ -57,9 +55,7 @@ def test_more_queued_tokens_never_turns_reject_into_admit(
 
 
 @given(requests, states, st.floats(0, 20_000))
-def test_retry_after_non_negative_and_non_decreasing_in_queue(
-    r: Request, s: LiveState, extra: float
-) -> None:
+def test_retry_after_non_negative_and_non_decreasing_in_queue(r: Request, s: LiveState, extra: float) -> None:
     before = decide(GATE, r, s, now=0)
     after = decide(
         GATE,
@@ -74,9 +70,7 @@ def test_retry_after_non_negative_and_non_decreasing_in_queue(
 
 
 @given(st.floats(0, 1e6), st.floats(0, 1e6), st.floats(0, 1e6), st.floats(1, 5000))
-def test_retry_after_formula_monotone(
-    q: float, extra: float, admissible: float, rate: float
-) -> None:
+def test_retry_after_formula_monotone(q: float, extra: float, admissible: float, rate: float) -> None:
     assert 0 <= retry_after_s(q, admissible, rate) <= retry_after_s(q + extra, admissible, rate)
 
 
@@ -85,17 +79,12 @@ def test_higher_class_admitted_whenever_lower_is(r: Request, s: LiveState, a: st
     high, low = sorted((a, b), key=CLASSES.index)
     low_decision = decide(GATE, Request(r.prompt_tokens, r.output_tokens, low), s, now=0)
     if low_decision.outcome is Outcome.ADMIT:
-        assert (
-            decide(GATE, Request(r.prompt_tokens, r.output_tokens, high), s, now=0).outcome
-            is Outcome.ADMIT
-        )
+        assert decide(GATE, Request(r.prompt_tokens, r.output_tokens, high), s, now=0).outcome is Outcome.ADMIT
 
 
 @given(requests, states, st.integers(0, 8192))
 def test_kv_gate_monotone_in_free_memory(r: Request, s: LiveState, freed: int) -> None:
-    more_free = LiveState(
-        **{**_fields(s), "reserved_kv_tokens": max(s.reserved_kv_tokens - freed, 0)}
-    )
+    more_free = LiveState(**{**_fields(s), "reserved_kv_tokens": max(s.reserved_kv_tokens - freed, 0)})
     if decide(GATE, r, s, now=0).outcome is Outcome.ADMIT:
         assert decide(GATE, r, more_free, now=0).outcome is Outcome.ADMIT
 

@@ -59,16 +59,12 @@ def test_littles_law_agrees_with_mm1() -> None:
 
 def test_pk_with_exponential_service_is_mm1_wait() -> None:
     lam, mu = 8.0, 10.0
-    assert pollaczek_khinchine_wait(lam, 1 / mu, 1.0) == pytest.approx(
-        mm1_time_in_system(lam, mu) - 1 / mu
-    )
+    assert pollaczek_khinchine_wait(lam, 1 / mu, 1.0) == pytest.approx(mm1_time_in_system(lam, mu) - 1 / mu)
 
 
 def test_pk_deterministic_service_halves_the_wait() -> None:
     # M/D/1 (C_v^2 = 0) waits half as long as M/M/1 (C_v^2 = 1).
-    assert pollaczek_khinchine_wait(5, 0.1, 0) * 2 == pytest.approx(
-        pollaczek_khinchine_wait(5, 0.1, 1)
-    )
+    assert pollaczek_khinchine_wait(5, 0.1, 0) * 2 == pytest.approx(pollaczek_khinchine_wait(5, 0.1, 1))
 
 
 def test_pk_grows_with_variance() -> None:

@@ -13,9 +13,7 @@ LENGTHS = (32, 64, 128, 256, 512, 1024, 1536, 2000)
 def points(a: float, b: float, c: float, noise: float = 0.0, seed: int = 7) -> list[PrefillPoint]:
     rng = random.Random(seed)
     return [
-        PrefillPoint(
-            prompt_tokens=n, seconds=(a + b * n + c * n * n) * (1 + rng.uniform(-noise, noise))
-        )
+        PrefillPoint(prompt_tokens=n, seconds=(a + b * n + c * n * n) * (1 + rng.uniform(-noise, noise)))
         for n in LENGTHS
         for _ in range(2)
     ]

@@ -173,9 +173,7 @@ def test_header_hash_is_stable_across_reads(smollm2: ModelFile, smollm2_path: Pa
     assert smollm2.header_sha256 == hashlib.sha256(header).hexdigest()
 
 
-def test_one_metadata_byte_changes_the_header_hash(
-    smollm2: ModelFile, smollm2_path: Path, tmp_path: Path
-) -> None:
+def test_one_metadata_byte_changes_the_header_hash(smollm2: ModelFile, smollm2_path: Path, tmp_path: Path) -> None:
     with smollm2_path.open("rb") as handle:
         header = handle.read(4096)
     offset = header.index(b"Smollm2 135M")  # inside the general.name string value
@@ -230,9 +228,7 @@ CACHE_TYPE_BYTES = {
 
 
 @pytest.mark.parametrize(("cache_type", "bytes_per_element"), sorted(CACHE_TYPE_BYTES.items()))
-def test_cache_type_sizes_match_llama_cpp(
-    smollm2: ModelFile, cache_type: str, bytes_per_element: float
-) -> None:
+def test_cache_type_sizes_match_llama_cpp(smollm2: ModelFile, cache_type: str, bytes_per_element: float) -> None:
     expected = 2 * 30 * 3 * 64 * bytes_per_element
     assert kv_bytes_per_token_for(smollm2, cache_type, cache_type) == pytest.approx(expected)
 

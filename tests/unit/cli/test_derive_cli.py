@@ -61,11 +61,7 @@ def test_derive_from_a_policy_file(profile_file: Path, tmp_path: Path) -> None:
     ],
 )
 def test_bad_input(profile_file: Path, args: list[str], fragment: str) -> None:
-    profile = (
-        str(profile_file.with_name("absent.json"))
-        if fragment == "cannot read"
-        else str(profile_file)
-    )
+    profile = str(profile_file.with_name("absent.json")) if fragment == "cannot read" else str(profile_file)
     done = derive("--profile", profile, *args)
     assert done.returncode == 2
     assert fragment in done.stderr

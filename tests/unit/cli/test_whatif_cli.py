@@ -69,9 +69,7 @@ def test_every_failed_predicate_is_listed() -> None:
 
 
 def test_queueing_outputs() -> None:
-    out = what_if(
-        "--arrival-rate", "9", "--service-rate", "10", "--w-max", "2", "--reject-fraction", "0.5"
-    )
+    out = what_if("--arrival-rate", "9", "--service-rate", "10", "--w-max", "2", "--reject-fraction", "0.5")
     assert out["utilization"] == pytest.approx(0.9)
     assert out["mm1_time_in_system_s"] == pytest.approx(1.0)
     assert out["mm1_number_in_system"] == pytest.approx(9.0)

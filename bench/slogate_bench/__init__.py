@@ -1,0 +1,1 @@
+"""Load generation and benchmarks against the real llama-server, with and without the gate."""

@@ -1,0 +1,120 @@
+"""`slogate demo`: overload llama-server with and without the gate, side by side.
+
+Starts the bundled llama-server, calibrates it (or reuses the cached profile for its
+fingerprint), derives thresholds for a 2 s TTFT SLO, starts the sidecar in front,
+then sends the same open-loop burst (3x the derived capacity, clients giving up
+after 10 s) first straight at llama-server, then through the gate, and prints what
+each delivered.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+from datetime import UTC, datetime
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from slogate_admission.derivation import decode_curve, derive_thresholds, prefill_curve
+from slogate_admission.schema import Policy, Thresholds
+from slogate_admission.service import server_seconds_per_request
+from slogate_bench.load import Run, Workload, open_loop
+from slogate_calibration.calibrate import CalibrationError, CalibrationSettings
+from slogate_calibration.output import write_atomic
+from slogate_calibration.runtime import LlamaServer, LlamaServerError, RuntimeNotFound, locate
+from slogate_cli.arguments import Subcommands, positive_float
+from slogate_cli.up_command import cached_or_fresh_profile
+from slogate_sidecar.admin import apply
+from slogate_sidecar.app import build_sidecar, running
+from slogate_sidecar.settings import SidecarSettings
+
+PROMPT_TOKENS = 200
+MAX_TOKENS = 32
+
+
+def add_parser(subparsers: Subcommands) -> None:
+    """Register `demo`."""
+    parser = subparsers.add_parser("demo", help="overload llama-server with and without slogate", description=__doc__)
+    parser.add_argument("--slo-ttft", type=positive_float, default=2.0, help="TTFT SLO, seconds")
+    parser.add_argument("--load", type=positive_float, default=3.0, help="offered load, x the derived capacity")
+    parser.add_argument("--seconds", type=positive_float, default=20.0, help="length of each burst")
+    parser.add_argument("--state-dir", type=Path, default=Path(".slogate"))
+    parser.add_argument("--no-progress", action="store_true")
+    parser.set_defaults(run=run)
+
+
+def table(runs: dict[str, Run], slo: float, rate: float) -> Table:
+    """The side-by-side summary."""
+    t = Table(title=f"{rate:.2f} req/s offered for {next(iter(runs.values())).duration_s:g} s, TTFT SLO {slo:g} s")
+    for column in (
+        "",
+        "sent",
+        "within SLO",
+        "rejected (429)",
+        "timed out",
+        "errors",
+        "p50 TTFT",
+        "p99 TTFT",
+        "goodput",
+    ):
+        t.add_column(column, justify="right" if column else "left")
+    for name, r in runs.items():
+        quantiles = [f"{v:.2f} s" if v is not None else "-" for v in (r.ttft_quantile(0.5), r.ttft_quantile(0.99))]
+        counts = [str(n) for n in (len(r.results), len(r.within(slo)), r.count("rejected"), r.count("timeout"))]
+        t.add_row(name, *counts, str(r.count("error")), *quantiles, f"{r.goodput(slo):.2f} req/s")
+    return t
+
+
+async def bursts(upstream: str, thresholds: Thresholds, rate: float, seconds: float) -> dict[str, Run]:
+    """The same burst, direct then gated (sequentially: one llama-server, no interference)."""
+    workload = Workload(prompt_tokens=lambda _rng: PROMPT_TOKENS, max_tokens=lambda _rng: MAX_TOKENS)
+    direct = await open_loop(upstream, rate, seconds, workload, seed=7)
+    await asyncio.sleep(2.0)  # let llama-server notice the abandoned requests
+    sidecar = build_sidecar(SidecarSettings(upstream=upstream, port=0, admin_port=0))
+    apply(sidecar, thresholds)
+    async with running(sidecar) as (port, _admin):
+        for _ in range(100):
+            if sidecar.upstream_up:
+                break
+            await asyncio.sleep(0.05)
+        gated = await open_loop(f"http://127.0.0.1:{port}", rate, seconds, workload, seed=7)
+    return {"llama-server alone": direct, "through slogate": gated}
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run the demo; one-line errors."""
+    console = Console()
+    args.upstream, args.once, args.budget_seconds = None, True, 180.0
+    try:
+        log = args.state_dir / "llama-server.log"
+        log.parent.mkdir(parents=True, exist_ok=True)
+        with LlamaServer(locate(), log_path=log) as server:
+            settings = CalibrationSettings(
+                upstream=server.url, server_args=server.args[1:], budget_s=args.budget_seconds
+            )
+            profile = cached_or_fresh_profile(args, settings, Console(stderr=True))
+            policy = Policy.model_validate({"slo": {"ttftSeconds": args.slo_ttft}, "deferral": {"maxWaitSeconds": 0.5}})
+            thresholds = derive_thresholds(policy, profile, derived_at=datetime.now(UTC))
+            write_atomic(
+                args.state_dir / "thresholds.json",
+                thresholds.model_dump_json(by_alias=True, indent=2),
+            )
+            mu = 1 / server_seconds_per_request(
+                prefill_curve(profile),
+                decode_curve(profile),
+                PROMPT_TOKENS,
+                MAX_TOKENS,
+                thresholds.concurrency_cap,
+            )
+            rate = args.load * mu
+            console.print(f"capacity for {PROMPT_TOKENS}-token prompts, {MAX_TOKENS} tokens out: {mu:.2f} req/s "
+                          f"(calibration {profile.id}); offering {args.load:g}x")  # fmt: skip
+            runs = asyncio.run(bursts(server.url, thresholds, rate, args.seconds))
+    except (CalibrationError, LlamaServerError, RuntimeNotFound, ValueError) as error:
+        sys.stderr.write(f"slogate demo: error: {error}\n")
+        return 2
+    console.print(table(runs, args.slo_ttft, rate))
+    return 0

@@ -1,0 +1,131 @@
+"""The admin API: thresholds in, state out, and /metrics. Served on its own port.
+
+PUT needs the bearer token from the token file (re-read on every call, so a rotated
+Kubernetes Secret takes effect without a restart), compared in constant time. A
+push is validated whole and swapped in one assignment, or refused with the last
+good thresholds kept.
+"""
+
+from __future__ import annotations
+
+import hmac
+import logging
+import time
+from typing import Any
+
+from aiohttp import web
+from pydantic import ValidationError
+
+from slogate_admission.schema import Thresholds
+from slogate_sidecar import responses
+from slogate_sidecar.state import Sidecar
+
+log = logging.getLogger("slogate.sidecar")
+MAX_THRESHOLDS_BYTES = 256 * 1024
+
+
+def authorized(sidecar: Sidecar, request: web.Request) -> bool:
+    """The request bears the token; False when no token file is configured or readable."""
+    path = sidecar.settings.admin_token_file
+    if path is None:
+        return False
+    try:
+        expected = path.read_text().strip().encode()
+    except OSError:
+        log.error("admin token file %s unreadable: refusing admin writes", path)
+        return False
+    given = request.headers.get("Authorization", "")
+    if not expected or not given.startswith("Bearer "):
+        return False
+    # compare_digest takes time independent of where the bytes differ.
+    return hmac.compare_digest(given[7:].strip().encode(), expected)
+
+
+async def put_thresholds(sidecar: Sidecar, request: web.Request) -> web.Response:
+    """Replace the thresholds atomically: 200, or 401 / 413 / 422 with nothing changed."""
+    if not authorized(sidecar, request):
+        return responses.error(401, "missing or wrong bearer token", kind="authentication_error",
+                               headers={"WWW-Authenticate": 'Bearer realm="slogate"'})  # fmt: skip
+    raw = await request.content.read(MAX_THRESHOLDS_BYTES + 1)
+    if len(raw) > MAX_THRESHOLDS_BYTES:
+        return responses.error(413, "thresholds document too large", kind="invalid_request_error")
+    try:
+        thresholds = Thresholds.model_validate_json(raw)
+    except ValidationError as invalid:
+        sidecar.metrics.reject_thresholds()
+        problems = [f"{'.'.join(str(p) for p in e['loc']) or '(body)'}: {e['msg']}" for e in invalid.errors()[:10]]
+        log.warning("rejected thresholds push: %s", "; ".join(problems))
+        return responses.error(422, "invalid thresholds: " + "; ".join(problems), kind="invalid_request_error")
+    apply(sidecar, thresholds)
+    log.info(
+        "thresholds %s (calibration %s) applied by admin push",
+        thresholds.derived_at,
+        thresholds.calibration_id,
+    )
+    return web.json_response({"applied": True, "calibrationId": thresholds.calibration_id})
+
+
+def apply(sidecar: Sidecar, thresholds: Thresholds) -> None:
+    """Swap in validated thresholds and publish them as metrics."""
+    sidecar.gate.load(thresholds)
+    sidecar.metrics.set_thresholds(thresholds)
+
+
+def state(sidecar: Sidecar) -> dict[str, Any]:
+    """Thresholds, calibration id, live counters and rate estimates with their ages."""
+    now = time.monotonic()
+    t = sidecar.gate.thresholds
+    ledger = sidecar.gate.ledger
+    rates = sidecar.rates
+    summary = sidecar.ttft.summary()
+    return {
+        "ready": sidecar.gate.ready and sidecar.upstream_up,
+        "upstreamUp": sidecar.upstream_up,
+        "calibrationId": t.calibration_id if t else None,
+        "thresholds": t.model_dump(mode="json", by_alias=True) if t else None,
+        "live": {
+            "queuedPrefillTokens": ledger.queued_prefill_tokens,
+            "streams": ledger.streams,
+            "reservedKvTokens": ledger.reserved_kv_tokens,
+            "deferred": ledger.deferred,
+        },
+        "rates": {
+            "prefillTokensPerSecond": {
+                "calibrated": t.prefill_tokens_per_second if t else None,
+                "live": rates.prefill_tokens_per_s(now, sidecar.settings.rate_max_age_s),
+                "ageSeconds": rates.prefill_age_s(now),
+            },
+            "decodeTokensPerSecond": {
+                "live": rates.decode_tokens_per_s(now, sidecar.settings.rate_max_age_s),
+                "ageSeconds": rates.decode_age_s(now),
+            },
+            "maxAgeSeconds": sidecar.settings.rate_max_age_s,
+        },
+        "ttftPrediction": {
+            "samples": summary.samples,
+            "medianAbsRelativeError": summary.median_abs_relative_error,
+            "medianActualOverPredicted": summary.median_ratio,
+            "sloMet": summary.met,
+            "sloMissed": summary.missed,
+        },
+        "promptCountError": {
+            "estimateP95": sidecar.prompt_error.estimate.quantile(0.95),
+            "countedP95": sidecar.prompt_error.counted.quantile(0.95),
+            "samples": len(sidecar.prompt_error.counted),
+        },
+    }
+
+
+async def get_state(sidecar: Sidecar, _request: web.Request) -> web.Response:
+    """GET /slogate/v1/state."""
+    return web.json_response(state(sidecar))
+
+
+async def get_metrics(sidecar: Sidecar, _request: web.Request) -> web.Response:
+    """GET /metrics: live gauges are read from the ledger at scrape time."""
+    now = time.monotonic()
+    sidecar.metrics.set_accounting(sidecar.gate.ledger.snapshot(now, None))
+    sidecar.metrics.set_rates(sidecar.rates, now, sidecar.settings.rate_max_age_s)
+    sidecar.metrics.upstream_up.set(1 if sidecar.upstream_up else 0)
+    body, content_type = sidecar.metrics.exposition()
+    return web.Response(body=body, headers={"Content-Type": content_type})

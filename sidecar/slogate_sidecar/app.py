@@ -1,0 +1,149 @@
+"""Assembling and running one sidecar: two ports, one upstream poller.
+
+Proxy port: the inference API, /v1/models and /health passed through, /healthz
+(alive) and /readyz (thresholds loaded and upstream healthy). Admin port: the admin
+API and /metrics. The poller reads the upstream's /health and /metrics counters
+every ``poll_interval_s``; rates come from counter deltas (llama-server's gauges
+reset on every scrape, so they are never used).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import AsyncIterator
+from functools import partial
+
+import aiohttp
+from aiohttp import web
+from pydantic import ValidationError
+
+from slogate_admission.schema import Thresholds
+from slogate_calibration.prometheus_text import LlamaCounters, MetricsError
+from slogate_sidecar import admin, responses
+from slogate_sidecar.gate import Gate
+from slogate_sidecar.metrics import SidecarMetrics
+from slogate_sidecar.proxy import InferenceProxy, passthrough
+from slogate_sidecar.rates import RateEstimator
+from slogate_sidecar.requests import Route
+from slogate_sidecar.settings import SidecarSettings
+from slogate_sidecar.state import Sidecar
+
+log = logging.getLogger("slogate.sidecar")
+
+
+def build_sidecar(settings: SidecarSettings) -> Sidecar:
+    """The shared state, with boot thresholds loaded if the file is valid."""
+    rates = RateEstimator()
+    sidecar = Sidecar(settings=settings, gate=Gate(), rates=rates, metrics=SidecarMetrics())
+    sidecar.gate.live_prefill_rate = sidecar.live_prefill_rate
+    if settings.thresholds_file is not None:
+        try:
+            admin.apply(sidecar, Thresholds.model_validate_json(settings.thresholds_file.read_text()))
+            log.info("thresholds loaded from %s", settings.thresholds_file)
+        except (OSError, ValidationError) as problem:
+            # Not ready rather than guessing: readiness keeps traffic away until a push.
+            log.error("thresholds file %s unusable, not ready until thresholds are pushed: %s",
+                      settings.thresholds_file, str(problem).splitlines()[0])  # fmt: skip
+    return sidecar
+
+
+async def poll_upstream(sidecar: Sidecar) -> None:
+    """Track the upstream's health and its counters, forever (cancelled at shutdown)."""
+    settings = sidecar.settings
+    timeout = aiohttp.ClientTimeout(total=max(settings.poll_interval_s, 1.0) * 2)
+    while True:
+        try:
+            async with sidecar.client.get(settings.upstream + "/health", timeout=timeout) as health:
+                up = health.status == 200
+            async with sidecar.client.get(settings.upstream + "/metrics", timeout=timeout) as metrics:
+                if metrics.status == 200:
+                    sidecar.rates.observe(LlamaCounters.from_text(await metrics.text()), time.monotonic())
+        except (aiohttp.ClientError, TimeoutError, MetricsError):
+            up = False
+        if up != sidecar.upstream_up:
+            log.warning("upstream %s is %s", settings.upstream, "up" if up else "DOWN")
+        sidecar.upstream_up = up
+        await asyncio.sleep(settings.poll_interval_s)
+
+
+def proxy_app(sidecar: Sidecar) -> web.Application:
+    """The client-facing application."""
+    app = web.Application(client_max_size=sidecar.settings.max_body_bytes)
+    inference = InferenceProxy(sidecar)
+    for route in Route:
+        app.router.add_post(route.value, inference.handle)
+    app.router.add_get("/v1/models", partial(passthrough, sidecar))
+    app.router.add_get("/health", partial(passthrough, sidecar))
+
+    async def healthz(_request: web.Request) -> web.Response:
+        return web.json_response({"alive": True})
+
+    async def readyz(_request: web.Request) -> web.Response:
+        if not sidecar.gate.ready:
+            return responses.not_ready("no thresholds loaded")
+        if not sidecar.upstream_up:
+            return responses.not_ready("upstream llama-server unavailable")
+        return web.json_response(
+            {
+                "ready": True,
+                "calibrationId": sidecar.gate.thresholds and sidecar.gate.thresholds.calibration_id,
+            }
+        )
+
+    app.router.add_get("/healthz", healthz)
+    app.router.add_get("/readyz", readyz)
+    if sidecar.settings.expose_upstream_admin:
+        app.router.add_route("*", "/{tail:.*}", partial(passthrough, sidecar))
+    return app
+
+
+def admin_app(sidecar: Sidecar) -> web.Application:
+    """The operator- and Prometheus-facing application."""
+    app = web.Application(client_max_size=admin.MAX_THRESHOLDS_BYTES + 1)
+    app.router.add_put("/slogate/v1/thresholds", partial(admin.put_thresholds, sidecar))
+    app.router.add_get("/slogate/v1/state", partial(admin.get_state, sidecar))
+    app.router.add_get("/metrics", partial(admin.get_metrics, sidecar))
+    return app
+
+
+@contextlib.asynccontextmanager
+async def running(sidecar: Sidecar) -> AsyncIterator[tuple[int, int]]:
+    """Serve both ports and poll the upstream; yields the bound (proxy, admin) ports."""
+    settings = sidecar.settings
+    # One pooled session to the upstream; enough connections for every stream plus polls.
+    sidecar.session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=256))
+    poller = asyncio.create_task(poll_upstream(sidecar))
+    # handler_cancellation: a client that disconnects cancels its handler, which closes
+    # the upstream request (llama-server then aborts the generation) and releases the ticket.
+    runners = [
+        web.AppRunner(proxy_app(sidecar), handler_cancellation=True, access_log=None,
+                      max_line_size=8190, max_field_size=8190, max_headers=100),
+        web.AppRunner(admin_app(sidecar), access_log=None),
+    ]  # fmt: skip
+    try:
+        ports = []
+        for runner, port in zip(runners, (settings.port, settings.admin_port), strict=True):
+            await runner.setup()
+            site = web.TCPSite(runner, settings.host, port)
+            await site.start()
+            server = site._server  # the bound port when 0 was asked for
+            assert isinstance(server, asyncio.base_events.Server)
+            ports.append(server.sockets[0].getsockname()[1])
+        yield ports[0], ports[1]
+    finally:
+        poller.cancel()
+        for runner in runners:
+            await runner.cleanup()
+        await sidecar.session.close()
+
+
+async def serve_forever(settings: SidecarSettings) -> None:
+    """Run until cancelled (SIGTERM/SIGINT in the CLI)."""
+    sidecar = build_sidecar(settings)
+    async with running(sidecar) as (port, admin_port):
+        log.info("slogate sidecar: proxy on %s:%d, admin on %s:%d, upstream %s",
+                 settings.host, port, settings.host, admin_port, settings.upstream)  # fmt: skip
+        await asyncio.Event().wait()

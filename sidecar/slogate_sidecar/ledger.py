@@ -1,0 +1,108 @@
+"""The gate's live accounting: what is queued, decoding and reserved, exactly.
+
+llama-server exposes no KV occupancy and its gauges reset on every scrape, so the
+gate keeps its own books. Every admitted request holds a Ticket; its prompt tokens
+leave the queue at its first token, and its stream slot and KV reservation are
+returned when it ends, however it ends (completion, upstream error, client
+disconnect). Both steps are idempotent, so a double release can never drive a
+counter negative, and after any load with nothing in flight every counter is zero.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from slogate_admission.decision import Decision, LiveState
+
+
+@dataclass(slots=True, eq=False)
+class Ticket:
+    """One admitted request's claims on the server."""
+
+    class_name: str
+    prompt_tokens: int
+    kv_tokens: int
+    output_tokens: int
+    predicted_ttft_s: float
+    admitted_at: float
+    expected_end: float
+    """Estimated monotonic time at which it finishes (frees a slot and its KV)."""
+    queued: bool = True
+    active: bool = True
+
+
+@dataclass(slots=True)
+class Ledger:
+    """Counters of the requests inside; mutated only on the event loop (no locks needed)."""
+
+    queued_prefill_tokens: int = 0
+    streams: int = 0
+    reserved_kv_tokens: int = 0
+    deferred: int = 0
+    _tickets: set[Ticket] = field(default_factory=set)
+
+    def admit(self, decision: Decision, prompt_tokens: int, now: float, decode_s: float) -> Ticket:
+        """Book an admitted request. ``decode_s``: its expected decode time after TTFT."""
+        ticket = Ticket(
+            class_name=decision.class_name,
+            prompt_tokens=prompt_tokens,
+            kv_tokens=decision.kv_needed_tokens,
+            output_tokens=decision.output_tokens,
+            predicted_ttft_s=decision.predicted_ttft_s,
+            admitted_at=now,
+            expected_end=now + decision.predicted_ttft_s + decode_s,
+        )
+        self.queued_prefill_tokens += prompt_tokens
+        self.streams += 1
+        self.reserved_kv_tokens += ticket.kv_tokens
+        self._tickets.add(ticket)
+        return ticket
+
+    def first_token(self, ticket: Ticket) -> bool:
+        """The prompt is prefilled: its tokens leave the queue. True the first time only."""
+        if not ticket.queued:
+            return False
+        ticket.queued = False
+        self.queued_prefill_tokens -= ticket.prompt_tokens
+        return True
+
+    def release(self, ticket: Ticket) -> bool:
+        """The request ended: return everything it held. True the first time only."""
+        if not ticket.active:
+            return False
+        self.first_token(ticket)
+        ticket.active = False
+        self.streams -= 1
+        self.reserved_kv_tokens -= ticket.kv_tokens
+        self._tickets.discard(ticket)
+        return True
+
+    def next_release_s(self, now: float) -> float:
+        """Seconds until the soonest admitted request should finish (0 if none is inside).
+
+        A min over at most concurrency-cap tickets: bounded, so O(1) per decision.
+        """
+        if not self._tickets:
+            return 0.0
+        return max(min(t.expected_end for t in self._tickets) - now, 0.0)
+
+    def snapshot(self, now: float, prefill_tokens_per_s: float | None) -> LiveState:
+        """The live state the core's decide() reads."""
+        return LiveState(
+            queued_prefill_tokens=float(self.queued_prefill_tokens),
+            streams=self.streams,
+            reserved_kv_tokens=self.reserved_kv_tokens,
+            deferred=self.deferred,
+            prefill_tokens_per_s=prefill_tokens_per_s,
+            next_release_s=self.next_release_s(now),
+        )
+
+    def is_idle(self) -> bool:
+        """Nothing queued, decoding, reserved or deferred."""
+        return (
+            self.queued_prefill_tokens == 0
+            and self.streams == 0
+            and self.reserved_kv_tokens == 0
+            and self.deferred == 0
+            and not self._tickets
+        )

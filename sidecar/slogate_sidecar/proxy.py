@@ -1,0 +1,337 @@
+"""The inference path: parse, count, decide, forward, relay, account.
+
+The upstream is always asked to stream, so the first token is seen exactly (the
+prompt leaves the queue then); clients that asked for one JSON answer get it
+reassembled. Whatever happens (completion, upstream error, client disconnect,
+which cancels this handler and so closes the upstream connection, aborting the
+generation) the ticket is released in ``finally``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+from aiohttp import web
+
+from slogate_admission.decision import Decision, Outcome, Request
+from slogate_admission.output_tokens import OutputTokenEstimate, estimate_output_tokens
+from slogate_sidecar import responses
+from slogate_sidecar.ledger import Ticket
+from slogate_sidecar.prompt_tokens import count_prompt_tokens, estimate_prompt_tokens
+from slogate_sidecar.reassembly import Reassembler, carries_token, usage_of
+from slogate_sidecar.requests import (
+    BadRequest,
+    ParsedRequest,
+    Route,
+    as_upstream_stream,
+    parse_request,
+    with_output_limit,
+)
+from slogate_sidecar.settings import PromptCounting
+from slogate_sidecar.state import Sidecar
+
+log = logging.getLogger("slogate.sidecar")
+
+FALLBACK_TOKENS_PER_CHAR = 0.5
+"""Used only if the profile carried no tokenizer density (older profiles)."""
+
+
+@dataclass(slots=True)
+class Exchange:
+    """One admitted request's progress through the upstream."""
+
+    route: Route
+    parsed: ParsedRequest
+    decision: Decision
+    ticket: Ticket
+    arrived: float
+    first_token_at: float | None = None
+    final_chunk: dict[str, Any] | None = None
+
+
+class InferenceProxy:
+    """Handlers for /v1/chat/completions, /v1/completions and /completion."""
+
+    def __init__(self, sidecar: Sidecar) -> None:
+        self.sc = sidecar
+
+    def classify(self, request: web.Request) -> str | None:
+        """The class: the header, else the API key's class, else None (the default class)."""
+        named = request.headers.get(self.sc.settings.class_header)
+        if named:
+            return named.strip().lower()
+        auth = request.headers.get("Authorization", "")
+        if auth.startswith("Bearer ") and self.sc.settings.api_key_classes:
+            return self.sc.settings.api_key_classes.get(auth[7:].strip())
+        return None
+
+    async def _read(self, request: web.Request, route: Route) -> ParsedRequest | web.Response:
+        """The validated request, or the 4xx that explains what is wrong with it."""
+        settings = self.sc.settings
+        try:
+            # A client that trickles its body (slowloris) is cut off, not waited for.
+            async with asyncio.timeout(settings.client_read_timeout_s):
+                raw = await request.read()
+            parsed = parse_request(
+                route, raw,
+                max_body_bytes=settings.max_body_bytes, max_output_tokens=settings.max_output_tokens,
+            )  # fmt: skip
+            return self._one_generation(parsed)
+        except TimeoutError:
+            return responses.error(
+                408,
+                "request body not received in time",
+                kind="invalid_request_error",
+                code="request_timeout",
+            )
+        except web.HTTPRequestEntityTooLarge:
+            return responses.error(
+                413, f"request body over {settings.max_body_bytes} bytes", kind="invalid_request_error",
+                code="body_too_large",
+            )  # fmt: skip
+        except BadRequest as bad:
+            return web.json_response(bad.body(), status=bad.status)
+
+    @staticmethod
+    def _one_generation(parsed: ParsedRequest) -> ParsedRequest | web.Response:
+        """One request, one stream: the accounting (slots, KV, queue) depends on it."""
+        if parsed.prompt_count == 1 and parsed.body.get("n", 1) in (1, None):
+            return parsed
+        return responses.error(
+            400, "slogate gates one generation per request: send one prompt, with n = 1",
+            kind="invalid_request_error", code="slogate_one_generation_per_request",
+            param="prompt" if parsed.prompt_count > 1 else "n",
+        )  # fmt: skip
+
+    def _output_tokens(self, parsed: ParsedRequest) -> int:
+        """n_out per policy: max_tokens, the route's learned quantile, or the default."""
+        thresholds = self.sc.gate.thresholds
+        assert thresholds is not None  # the gate is ready
+        policy = thresholds.output_tokens
+        learned = (
+            self.sc.output_tokens[parsed.route].quantile(policy.quantile)
+            if policy.estimate is OutputTokenEstimate.ROUTE_QUANTILE
+            else None
+        )
+        return estimate_output_tokens(
+            policy.estimate,
+            max_tokens=parsed.max_tokens,
+            default=policy.default,
+            route_quantile=learned,
+        )
+
+    async def handle(self, request: web.Request) -> web.StreamResponse:
+        """Decide on one arrival, then serve or refuse it."""
+        arrived = time.monotonic()
+        sc = self.sc
+        if not sc.gate.ready:
+            return responses.not_ready("no thresholds loaded: the gate cannot decide")
+        if not sc.upstream_up:
+            return responses.not_ready("upstream llama-server is unavailable")
+        parsed = await self._read(request, Route(request.path))
+        if isinstance(parsed, web.Response):
+            return parsed
+        class_name = self.classify(request)
+        n_out = self._output_tokens(parsed)
+        tokens_per_char = (sc.gate.thresholds and sc.gate.thresholds.tokens_per_char) or FALLBACK_TOKENS_PER_CHAR
+        estimated_n_in = estimate_prompt_tokens(parsed, tokens_per_char)
+        n_in = estimated_n_in
+        if sc.settings.prompt_counting is PromptCounting.TOKENIZE and parsed.prompt_token_count is None:
+            # n_in only makes matters worse: if even an empty prompt is refused, refuse
+            # now, without an upstream call (rejections must stay cheap).
+            pre = sc.gate.decide(Request(0, n_out, class_name))
+            if pre.outcome is Outcome.REJECT:
+                sc.metrics.record_decision(pre, 0.0)
+                return responses.rejection(pre)
+            try:
+                n_in = await count_prompt_tokens(sc.client, sc.settings.upstream, parsed)
+            except (aiohttp.ClientError, TimeoutError, KeyError, ValueError) as failure:
+                return self._upstream_failure(failure, started=False)
+        return await self._decide_and_serve(request, parsed, Request(n_in, n_out, class_name), arrived, estimated_n_in)
+
+    async def _decide_and_serve(
+        self,
+        request: web.Request,
+        parsed: ParsedRequest,
+        req: Request,
+        arrived: float,
+        estimated_n_in: int,
+    ) -> web.StreamResponse:
+        sc = self.sc
+        firsts: list[Decision] = []
+
+        def count_arrival(first: Decision, seconds: float) -> None:
+            firsts.append(first)
+            sc.metrics.record_decision(first, seconds)
+
+        try:
+            admission = await sc.gate.acquire(req, on_first=count_arrival)
+        except asyncio.CancelledError:
+            # The client left while deferred; label with the resolved class, never the raw header.
+            sc.metrics.record_deferral("cancelled", firsts[0].class_name)
+            raise
+        decision, ticket = admission.final, admission.ticket
+        if admission.first.outcome is Outcome.DEFER:
+            sc.metrics.record_deferral("admitted" if ticket else "timed_out", decision.class_name)
+        if ticket is None:
+            if admission.first.outcome is Outcome.DEFER and decision.retry_after_s is not None:
+                sc.metrics.retry_after.observe(decision.retry_after_s)
+            return responses.rejection(decision)
+        exchange = Exchange(parsed.route, parsed, decision, ticket, arrived)
+        try:
+            return await self._forward(request, exchange)
+        finally:
+            sc.gate.release(ticket)
+            self._learn(exchange, estimated_n_in, req.prompt_tokens)
+
+    async def _forward(self, request: web.Request, ex: Exchange) -> web.StreamResponse:
+        sc = self.sc
+        body = as_upstream_stream(with_output_limit(ex.parsed, ex.decision.output_tokens), ex.route)
+        headers = {"X-Slogate-Class": ex.decision.class_name}
+        if ex.decision.clamped:
+            headers["X-Slogate-Degraded"] = f"max_tokens={ex.decision.output_tokens}"
+        timeout = aiohttp.ClientTimeout(
+            total=None,
+            sock_connect=sc.settings.upstream_connect_timeout_s,
+            sock_read=sc.settings.upstream_read_timeout_s,
+        )
+        response: web.StreamResponse | None = None
+        try:
+            async with sc.client.post(sc.settings.upstream + ex.route.value, json=body, timeout=timeout) as upstream:
+                if upstream.status >= 400:
+                    payload = await upstream.read()
+                    status = upstream.status if upstream.status < 500 else 502
+                    if status == 502:
+                        sc.metrics.record_upstream_error("status_5xx")
+                    return web.Response(
+                        body=payload,
+                        status=status,
+                        content_type=upstream.content_type,
+                        headers=headers,
+                    )
+                if ex.parsed.stream:
+                    response = web.StreamResponse(
+                        headers={
+                            "Content-Type": "text/event-stream",
+                            "Cache-Control": "no-cache",
+                            **headers,
+                        }
+                    )
+                    await response.prepare(request)
+                    await self._relay(upstream, response, ex)
+                    await response.write_eof()
+                    return response
+                return await self._reassemble(upstream, ex, headers)
+        except asyncio.CancelledError:
+            sc.metrics.client_disconnects.inc()
+            raise
+        except (ConnectionResetError, aiohttp.ClientConnectionResetError):
+            sc.metrics.client_disconnects.inc()  # the client left mid-stream
+            raise asyncio.CancelledError from None
+        except (aiohttp.ClientError, TimeoutError) as failure:
+            if response is None:
+                return self._upstream_failure(failure, started=False)
+            # Headers are gone: end the stream with an error event the client can parse.
+            self._upstream_failure(failure, started=True)
+            event = {
+                "error": {
+                    "message": f"upstream failed mid-stream: {failure!r}",
+                    "type": "server_error",
+                }
+            }
+            try:
+                await response.write(b"data: " + json.dumps(event).encode() + b"\n\n")
+                await response.write_eof()
+            except (ConnectionResetError, aiohttp.ClientConnectionResetError):
+                pass
+            return response
+
+    def _observe(self, ex: Exchange, line: bytes, *, parse_all: bool) -> dict[str, Any] | None:
+        """Parse an SSE line when needed: until the first token, at the end, or always."""
+        if not line.startswith(b"data: ") or line.startswith(b"data: [DONE]"):
+            return None
+        final = b'"usage"' in line or b'"stop":true' in line
+        if not (parse_all or final or ex.first_token_at is None):
+            return None
+        chunk: dict[str, Any] = json.loads(line[6:])
+        if ex.first_token_at is None and carries_token(ex.route, chunk):
+            ex.first_token_at = time.monotonic()
+            self.sc.gate.first_token(ex.ticket)
+        if final:
+            ex.final_chunk = chunk
+        return chunk
+
+    async def _relay(self, upstream: aiohttp.ClientResponse, response: web.StreamResponse, ex: Exchange) -> None:
+        """Chunk by chunk, no buffering: each SSE line is written as it arrives."""
+        async for line in upstream.content:
+            self._observe(ex, line, parse_all=False)
+            await response.write(line)
+
+    async def _reassemble(
+        self, upstream: aiohttp.ClientResponse, ex: Exchange, headers: dict[str, str]
+    ) -> web.Response:
+        builder = Reassembler(ex.route)
+        async for line in upstream.content:
+            chunk = self._observe(ex, line, parse_all=True)
+            if chunk is not None:
+                builder.add(chunk)
+        result = builder.result()
+        if isinstance(result, dict):  # (several native results: usage stays from the last chunk)
+            ex.final_chunk = result
+        return web.json_response(result, headers=headers)
+
+    def _upstream_failure(self, failure: BaseException, *, started: bool) -> web.Response:
+        """Map an upstream failure to 503 (down) or 504 (too slow); mark it down if refused."""
+        sc = self.sc
+        if isinstance(failure, aiohttp.ClientConnectorError):
+            sc.upstream_up = False
+            sc.metrics.record_upstream_error("unreachable")
+            log.warning("upstream %s unreachable: %s", sc.settings.upstream, failure)
+            return responses.not_ready("upstream llama-server is unavailable")
+        if isinstance(failure, TimeoutError | aiohttp.ServerTimeoutError):
+            sc.metrics.record_upstream_error("timeout")
+            return responses.error(504, "upstream llama-server timed out", kind="server_error", code="upstream_timeout")
+        sc.metrics.record_upstream_error("aborted")
+        log.warning("upstream failed%s: %r", " mid-stream" if started else "", failure)
+        return responses.error(
+            502,
+            f"upstream llama-server failed: {failure!r}",
+            kind="server_error",
+            code="upstream_error",
+        )
+
+    def _learn(self, ex: Exchange, estimated_n_in: int, counted_n_in: int) -> None:
+        """After the request: TTFT truth vs prediction, n_out for the route, n_in error."""
+        sc = self.sc
+        limits_slo = sc.gate.config.limits_for(ex.decision.class_name).ttft_slo_s
+        if ex.first_token_at is not None:
+            actual = ex.first_token_at - ex.arrived
+            sc.ttft.record(ex.decision.predicted_ttft_s, actual, limits_slo)
+            sc.metrics.record_ttft(ex.decision.class_name, ex.decision.predicted_ttft_s, actual, limits_slo)
+        if ex.final_chunk is None:
+            return
+        prompt_tokens, completion_tokens = usage_of(ex.route, ex.final_chunk)
+        if completion_tokens is not None:
+            sc.output_tokens[ex.route].observe(completion_tokens)
+        if prompt_tokens and ex.parsed.prompt_token_count is None:
+            sc.prompt_error.estimate.observe((estimated_n_in - prompt_tokens) / prompt_tokens)
+            sc.prompt_error.counted.observe((counted_n_in - prompt_tokens) / prompt_tokens)
+
+
+async def passthrough(sidecar: Sidecar, request: web.Request) -> web.StreamResponse:
+    """Forward a request as is (GET /v1/models, /health; llama-server's admin API if enabled)."""
+    try:
+        async with sidecar.client.request(
+            request.method, sidecar.settings.upstream + request.path_qs, data=await request.read(),
+            headers={k: v for k, v in request.headers.items() if k.lower() in ("content-type", "accept")},
+        ) as upstream:  # fmt: skip
+            payload = await upstream.read()
+            return web.Response(body=payload, status=upstream.status, content_type=upstream.content_type)
+    except (aiohttp.ClientError, TimeoutError):
+        return responses.not_ready("upstream llama-server is unavailable")

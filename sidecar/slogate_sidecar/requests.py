@@ -1,0 +1,327 @@
+"""Parse and validate a client's request body before the gate decides on it.
+
+The gate needs three numbers from a body (prompt size, output-token limit, streaming)
+and must never be crashed or fooled by one, so every input either parses into a
+``ParsedRequest`` or raises ``BadRequest`` with an OpenAI-style error: nothing else.
+
+Facts about this llama-server build that shape the rules (checked against the binary):
+
+* ``n_predict`` is honoured on every route and wins over ``max_completion_tokens``
+  (chat), which wins over ``max_tokens``; ``n_predict: -1`` means unlimited even next
+  to a ``max_tokens``. So all of them are validated and the effective one is reported,
+  else a client could slip an unlimited ``n_predict`` past a ``max_tokens`` the gate
+  reserved KV for. ``with_output_limit`` removes all of them and sets one.
+* llama-server itself accepts ``max_tokens: 12.0`` and ``max_tokens: true``; the gate
+  does not: a float or a bool is not a token count.
+* ``max_tokens: 0`` / ``n_predict: 0`` still generate one token upstream.
+* A prompt that is an array of strings is a *batch*: one result (and one slot) per
+  string; an array of integers is one prompt given as token ids.
+* ``null`` for an optional field means "absent", as both OpenAI and llama-server read it.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any, NoReturn
+
+MAX_JSON_DEPTH = 64
+"""Deeper bodies are refused: later serialisation must not hit the recursion limit."""
+_TOO_DEEP = f"request body is nested deeper than {MAX_JSON_DEPTH} levels"
+
+
+class Route(StrEnum):
+    """The generation endpoints the gate sits in front of."""
+
+    CHAT = "/v1/chat/completions"
+    COMPLETIONS = "/v1/completions"
+    NATIVE = "/completion"
+
+
+# Output-limit fields each route's upstream honours, highest precedence first.
+_LIMIT_FIELDS: dict[Route, tuple[str, ...]] = {
+    Route.CHAT: ("n_predict", "max_completion_tokens", "max_tokens"),
+    Route.COMPLETIONS: ("n_predict", "max_tokens"),
+    Route.NATIVE: ("n_predict", "max_tokens"),
+}
+_ALL_LIMIT_FIELDS = ("n_predict", "max_completion_tokens", "max_tokens")
+
+
+@dataclass(frozen=True, slots=True)
+class ParsedRequest:
+    """A validated request: the body plus what the gate needs to know about it."""
+
+    route: Route
+    body: dict[str, Any]
+    """The validated JSON object, unchanged; derive upstream bodies with the helpers below."""
+    stream: bool
+    """Whether the client asked for server-sent events."""
+    max_tokens: int | None
+    """The output-token limit the upstream would apply; None means unlimited."""
+    prompt_chars: int
+    """Characters of prompt text (0 when the prompt is token ids)."""
+    prompt_token_count: int | None
+    """Exact prompt length when the client sent token ids; None otherwise."""
+    messages: list[Any] | None
+    """The chat messages (chat route only)."""
+    prompt_count: int = 1
+    """Prompts in a batch (an array of strings): each takes its own slot upstream."""
+
+
+class BadRequest(Exception):  # noqa: N818 - the name is the HTTP status it becomes
+    """A body the gate refuses before deciding; ``body()`` is the client's error object."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        status: int = 400,
+        param: str | None = None,
+        code: str | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.param = param
+        self.code = code
+
+    def body(self) -> dict[str, Any]:
+        """The OpenAI-style error object, so existing clients show the message."""
+        return {
+            "error": {
+                "message": self.message,
+                "type": "invalid_request_error",
+                "param": self.param,
+                "code": self.code,
+            }
+        }
+
+
+def parse_request(
+    route: Route,
+    raw: bytes,
+    *,
+    max_body_bytes: int,
+    max_output_tokens: int,
+) -> ParsedRequest:
+    """Validate ``raw`` for ``route``; raise ``BadRequest`` (and only that) when it is unfit.
+
+    ``max_output_tokens`` bounds every output-limit field: a larger one is absurd for
+    this server, and would make the KV reservation meaningless.
+    """
+    if len(raw) > max_body_bytes:
+        raise BadRequest(
+            f"request body is {len(raw)} bytes, more than the limit of {max_body_bytes}",
+            status=413,
+            code="request_too_large",
+        )
+    body = _decode(raw)
+    stream = body.get("stream")
+    if stream is not None and type(stream) is not bool:
+        _wrong_type("stream", "a boolean", stream)
+    max_tokens = _output_limit(route, body, max_output_tokens)
+    messages: list[Any] | None = None
+    token_count: int | None = None
+    count = 1
+    if route is Route.CHAT:
+        messages, chars = _chat_prompt(body)
+    else:
+        chars, token_count, count = _text_prompt(body)
+    return ParsedRequest(
+        route=route,
+        body=body,
+        stream=stream is True,
+        max_tokens=max_tokens,
+        prompt_chars=chars,
+        prompt_token_count=token_count,
+        messages=messages,
+        prompt_count=count,
+    )
+
+
+def with_output_limit(parsed: ParsedRequest, n: int) -> dict[str, Any]:
+    """A copy of the body asking the upstream for at most ``n`` output tokens.
+
+    Every limit field the upstream reads is removed first, so none can override ``n``.
+    ``n`` must be at least 1: llama-server generates one token even when asked for 0,
+    so a 0 here would silently differ from what the gate reserved.
+    """
+    if type(n) is not int or n < 1:
+        raise ValueError(f"the output limit must be an integer >= 1, got {n!r}")
+    out = {k: v for k, v in parsed.body.items() if k not in _ALL_LIMIT_FIELDS}
+    out["n_predict" if parsed.route is Route.NATIVE else "max_tokens"] = n
+    return out
+
+
+def as_upstream_stream(body: dict[str, Any], route: Route) -> dict[str, Any]:
+    """A copy that streams, with usage in the final chunk on the OpenAI routes.
+
+    The sidecar always streams from llama-server so it sees the first token exactly.
+    """
+    out = {**body, "stream": True}
+    if route is not Route.NATIVE:
+        options = body.get("stream_options")
+        out["stream_options"] = {
+            **(options if isinstance(options, dict) else {}),
+            "include_usage": True,
+        }
+    return out
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def _json_type(value: object) -> str:
+    """The JSON name of a value's type, for error messages."""
+    names = {bool: "boolean", int: "integer", float: "number", str: "string"}
+    names |= {list: "array", dict: "object", type(None): "null"}
+    return names.get(type(value), type(value).__name__)
+
+
+def _wrong_type(param: str, expected: str, value: object) -> NoReturn:
+    message = f"'{param}' must be {expected}, got {_json_type(value)}"
+    raise BadRequest(message, param=param, code="invalid_type")
+
+
+def _invalid(param: str, message: str) -> NoReturn:
+    raise BadRequest(message, param=param, code="invalid_value")
+
+
+def _missing(param: str, expected: str) -> NoReturn:
+    message = f"'{param}' is required: {expected}"
+    raise BadRequest(message, param=param, code="missing_required_parameter")
+
+
+def _reject_constant(name: str) -> NoReturn:
+    raise ValueError(f"{name} is not valid JSON")
+
+
+def _decode(raw: bytes) -> dict[str, Any]:
+    """Strict UTF-8, strict JSON (no NaN/Infinity), bounded depth, an object at the top."""
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        message = f"request body is not valid UTF-8 (byte {exc.start})"
+        raise BadRequest(message, code="invalid_encoding") from None
+    try:
+        value = json.loads(text, parse_constant=_reject_constant)
+    except RecursionError:  # the C scanner's own depth guard
+        raise BadRequest(_TOO_DEEP, code="invalid_json") from None
+    except ValueError as exc:  # JSONDecodeError, and over-long integer literals
+        raise BadRequest(f"request body is not valid JSON: {exc}", code="invalid_json") from None
+    if _deeper_than(value, MAX_JSON_DEPTH):
+        raise BadRequest(_TOO_DEEP, code="invalid_json")
+    if not isinstance(value, dict):
+        message = f"request body must be a JSON object, got {_json_type(value)}"
+        raise BadRequest(message, code="invalid_type")
+    return value
+
+
+def _deeper_than(value: object, limit: int) -> bool:
+    """Whether containers nest more than ``limit`` levels; iterative, so never recursing."""
+    stack: list[tuple[object, int]] = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, dict):
+            children: list[Any] = list(item.values())
+        elif isinstance(item, list):
+            children = item
+        else:
+            continue
+        if depth > limit:
+            return True
+        stack.extend((c, depth + 1) for c in children if isinstance(c, (dict, list)))
+    return False
+
+
+def _output_limit(route: Route, body: dict[str, Any], ceiling: int) -> int | None:
+    """Validate every limit field present; return the one the upstream would apply."""
+    effective: int | None = None
+    found = False
+    for field in _LIMIT_FIELDS[route]:
+        value = body.get(field)
+        if value is None:
+            continue
+        if type(value) is not int:
+            _wrong_type(field, "an integer", value)
+        unlimited = field == "n_predict" and value == -1
+        if value < 0 and not unlimited:
+            minimum = "-1 (unlimited) or more" if field == "n_predict" else "0 or more"
+            _invalid(field, f"'{field}' must be {minimum}, got {value}")
+        if value > ceiling:
+            _invalid(field, f"'{field}' is {value}: absurd here, the server allows {ceiling}")
+        if not found:
+            found, effective = True, None if unlimited else value
+    return effective
+
+
+def _chat_prompt(body: dict[str, Any]) -> tuple[list[Any], int]:
+    """The messages and the characters of their text content."""
+    expected = "a non-empty array of message objects"
+    if "messages" not in body:
+        _missing("messages", expected)
+    messages = body["messages"]
+    if not isinstance(messages, list):
+        _wrong_type("messages", expected, messages)
+    if not messages:
+        _invalid("messages", f"'messages' must be {expected}")
+    chars = 0
+    for i, message in enumerate(messages):
+        where = f"messages[{i}]"
+        if not isinstance(message, dict):
+            _wrong_type(where, "an object", message)
+        if not isinstance(message.get("role"), str):
+            _wrong_type(f"{where}.role", "a string", message.get("role"))
+        chars += _content_chars(where, message.get("content"))
+    return messages, chars
+
+
+def _content_chars(where: str, content: object) -> int:
+    """Characters of one message's content: a string, typed parts, or null."""
+    if content is None:
+        return 0
+    if isinstance(content, str):
+        return len(content)
+    if not isinstance(content, list):
+        _wrong_type(f"{where}.content", "a string, an array of content parts, or null", content)
+    chars = 0
+    for j, part in enumerate(content):
+        at = f"{where}.content[{j}]"
+        if not isinstance(part, dict):
+            _wrong_type(at, "a content part object", part)
+        if not isinstance(part.get("type"), str):
+            _wrong_type(f"{at}.type", "a string", part.get("type"))
+        if part["type"] == "text":
+            text = part.get("text")
+            if not isinstance(text, str):
+                _wrong_type(f"{at}.text", "a string", text)
+            chars += len(text)
+    return chars
+
+
+def _text_prompt(body: dict[str, Any]) -> tuple[int, int | None, int]:
+    """(characters, exact token count or None, prompts in the batch) of ``prompt``."""
+    expected = "a string, a non-empty array of strings, or a non-empty array of token ids"
+    if "prompt" not in body:
+        _missing("prompt", expected)
+    prompt = body["prompt"]
+    if isinstance(prompt, str):
+        return len(prompt), None, 1
+    if not isinstance(prompt, list):
+        _wrong_type("prompt", expected, prompt)
+    if not prompt:
+        _invalid("prompt", f"'prompt' must be {expected}")
+    first = prompt[0]
+    if not isinstance(first, str) and type(first) is not int:
+        _wrong_type("prompt[0]", "a string or a token id (integer)", first)
+    kind = type(first)
+    for i, item in enumerate(prompt):
+        if type(item) is not kind:
+            what = "a string" if kind is str else "a token id (integer)"
+            _wrong_type(f"prompt[{i}]", f"{what}, like prompt[0]", item)
+        if isinstance(item, int) and item < 0:
+            _invalid(f"prompt[{i}]", f"'prompt[{i}]' must be a token id (0 or more), got {item}")
+    if kind is str:
+        return sum(len(s) for s in prompt), None, len(prompt)
+    return 0, len(prompt), 1

@@ -1,0 +1,65 @@
+"""Every answer the sidecar makes itself: OpenAI-style errors, rejections, health."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from aiohttp import web
+
+from slogate_admission.decision import Decision
+
+
+def error(status: int, message: str, *, kind: str, code: str | None = None, param: str | None = None,
+          headers: dict[str, str] | None = None, extra: dict[str, Any] | None = None) -> web.Response:  # fmt: skip
+    """An OpenAI-style error body: {"error": {"message", "type", "param", "code"}}."""
+    body: dict[str, Any] = {"error": {"message": message, "type": kind, "param": param, "code": code}}
+    if extra:
+        body.update(extra)
+    return web.json_response(body, status=status, headers=headers)
+
+
+def retry_after_header(seconds: float) -> str:
+    """Retry-After is whole seconds; never 0, which would invite an instant retry storm."""
+    return str(max(1, math.ceil(seconds)))
+
+
+def decision_details(decision: Decision) -> dict[str, Any]:
+    """The numbers behind a decision, for the client and for logs."""
+    return {
+        "outcome": decision.outcome.value,
+        "reasons": [r.value for r in decision.reasons],
+        "class": decision.class_name,
+        "predictedTtftSeconds": round(decision.predicted_ttft_s, 4),
+        "ttftBudgetSeconds": decision.ttft_budget_s,
+        "queueWaitSeconds": round(decision.queue_wait_s, 4),
+        "kvNeededTokens": decision.kv_needed_tokens,
+        "kvFreeTokens": decision.kv_free_tokens,
+        "streamsAfter": decision.streams_after,
+        "concurrencyCap": decision.concurrency_cap,
+        "retryAfterSeconds": None if decision.retry_after_s is None else round(decision.retry_after_s, 3),
+    }
+
+
+def rejection(decision: Decision) -> web.Response:
+    """429 with a computed Retry-After; 400 when no wait would ever help."""
+    reasons = ", ".join(r.value for r in decision.reasons)
+    details = {"slogate": decision_details(decision)}
+    if not decision.fits_ever:
+        return error(
+            400,
+            f"request can never be served within its limits ({reasons}): shorten the prompt or max_tokens",
+            kind="invalid_request_error", code="slogate_request_too_large", extra=details,
+        )  # fmt: skip
+    retry = decision.retry_after_s or 0.0
+    return error(
+        429,
+        f"server at capacity ({reasons}); retry after {retry_after_header(retry)} s",
+        kind="rate_limit_error", code="slogate_rejected", extra=details,
+        headers={"Retry-After": retry_after_header(retry)},
+    )  # fmt: skip
+
+
+def not_ready(reason: str) -> web.Response:
+    """503: the gate cannot decide (no thresholds) or the upstream is down."""
+    return error(503, reason, kind="server_error", code="slogate_unavailable", headers={"Retry-After": "1"})

@@ -1,0 +1,118 @@
+"""A fake llama-server for fault injection only: it crashes, stalls and fails on demand.
+
+Everything that can be tested against the real llama-server is; this fake exists for
+the failures the real one cannot produce on cue.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+
+from aiohttp import web
+
+METRICS = """# TYPE llamacpp:prompt_tokens_total counter
+llamacpp:prompt_tokens_total {p}
+# TYPE llamacpp:prompt_seconds_total counter
+llamacpp:prompt_seconds_total {ps}
+# TYPE llamacpp:tokens_predicted_total counter
+llamacpp:tokens_predicted_total 0
+# TYPE llamacpp:tokens_predicted_seconds_total counter
+llamacpp:tokens_predicted_seconds_total 0
+# TYPE llamacpp:n_decode_total counter
+llamacpp:n_decode_total 0
+# TYPE llamacpp:requests_processing gauge
+llamacpp:requests_processing 0
+# TYPE llamacpp:requests_deferred gauge
+llamacpp:requests_deferred 0
+"""
+
+
+@dataclass
+class FakeUpstream:
+    """Behaviour switches, flipped by tests while it runs."""
+
+    mode: str = "ok"
+    """ok | crash (one chunk, then the connection dies) | stall (one chunk, then silence) | error500"""
+    healthy: bool = True
+    started: int = 0
+    aborted: int = 0
+    url: str = ""
+    stall_forever: asyncio.Event = field(default_factory=asyncio.Event)
+
+    async def health(self, _r: web.Request) -> web.Response:
+        return web.json_response({"status": "ok"}, status=200 if self.healthy else 503)
+
+    async def metrics(self, _r: web.Request) -> web.Response:
+        return web.Response(text=METRICS.format(p=1000, ps=4.0))
+
+    async def tokenize(self, request: web.Request) -> web.Response:
+        content = (await request.json())["content"]
+        return web.json_response({"tokens": list(range(max(1, len(content) // 4)))})
+
+    async def apply_template(self, request: web.Request) -> web.Response:
+        messages = (await request.json())["messages"]
+        return web.json_response({"prompt": "".join(str(m.get("content")) for m in messages)})
+
+    async def completion(self, request: web.Request) -> web.StreamResponse:
+        await request.read()
+        self.started += 1
+        if self.mode == "error500":
+            return web.json_response({"error": {"message": "boom"}}, status=500)
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        chunk = {
+            "index": 0,
+            "content": "Hi",
+            "stop": False,
+            "tokens_predicted": 1,
+            "tokens_evaluated": 3,
+        }
+        try:
+            await response.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
+            if self.mode == "crash":
+                assert request.transport is not None
+                request.transport.abort()  # the process died mid-stream
+                return response
+            if self.mode == "stall":
+                await self.stall_forever.wait()
+            final = {
+                **chunk,
+                "content": "",
+                "stop": True,
+                "tokens_predicted": 2,
+                "timings": {"prompt_n": 3, "cache_n": 0},
+            }
+            await response.write(b"data: " + json.dumps(final).encode() + b"\n\n")
+            await response.write_eof()
+        except asyncio.CancelledError:
+            self.aborted += 1  # the gate closed the connection: the generation is abandoned
+            raise
+        return response
+
+
+@asynccontextmanager
+async def fake_upstream() -> AsyncIterator[FakeUpstream]:
+    fake = FakeUpstream()
+    app = web.Application()
+    app.router.add_get("/health", fake.health)
+    app.router.add_get("/metrics", fake.metrics)
+    app.router.add_post("/tokenize", fake.tokenize)
+    app.router.add_post("/apply-template", fake.apply_template)
+    for path in ("/completion", "/v1/chat/completions", "/v1/completions"):
+        app.router.add_post(path, fake.completion)
+    runner = web.AppRunner(app, handler_cancellation=True)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    server = site._server
+    assert isinstance(server, asyncio.base_events.Server)
+    fake.url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+    try:
+        yield fake
+    finally:
+        fake.stall_forever.set()
+        await runner.cleanup()
