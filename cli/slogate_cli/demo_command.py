@@ -15,6 +15,7 @@ import sys
 from datetime import UTC, datetime
 from pathlib import Path
 
+import aiohttp
 from rich.console import Console
 from rich.table import Table
 
@@ -24,6 +25,7 @@ from slogate_admission.service import server_seconds_per_request
 from slogate_bench.load import Run, Workload, open_loop
 from slogate_calibration.calibrate import CalibrationError, CalibrationSettings
 from slogate_calibration.output import write_atomic
+from slogate_calibration.prometheus_text import LlamaCounters
 from slogate_calibration.runtime import LlamaServer, LlamaServerError, RuntimeNotFound, locate
 from slogate_cli.arguments import Subcommands, positive_float
 from slogate_cli.up_command import cached_or_fresh_profile
@@ -68,11 +70,24 @@ def table(runs: dict[str, Run], slo: float, rate: float) -> Table:
     return t
 
 
+async def wait_until_idle(upstream: str, limit_s: float = 300.0) -> None:
+    """Poll llama-server's counters until nothing is processing or deferred."""
+    async with aiohttp.ClientSession() as session:
+        for _ in range(int(limit_s / 0.5)):
+            async with session.get(upstream + "/metrics") as response:
+                counters = LlamaCounters.from_text(await response.text())
+            if counters.requests_processing == 0 and counters.requests_deferred == 0:
+                return
+            await asyncio.sleep(0.5)
+
+
 async def bursts(upstream: str, thresholds: Thresholds, rate: float, seconds: float) -> dict[str, Run]:
     """The same burst, direct then gated (sequentially: one llama-server, no interference)."""
     workload = Workload(prompt_tokens=lambda _rng: PROMPT_TOKENS, max_tokens=lambda _rng: MAX_TOKENS)
     direct = await open_loop(upstream, rate, seconds, workload, seed=7)
-    await asyncio.sleep(2.0)  # let llama-server notice the abandoned requests
+    # llama-server keeps working through requests whose clients gave up (that is the
+    # collapse): wait until it is idle so the gated run starts from the same state.
+    await wait_until_idle(upstream)
     sidecar = build_sidecar(SidecarSettings(upstream=upstream, port=0, admin_port=0))
     apply(sidecar, thresholds)
     async with running(sidecar) as (port, _admin):
@@ -86,7 +101,7 @@ async def bursts(upstream: str, thresholds: Thresholds, rate: float, seconds: fl
 
 def run(args: argparse.Namespace) -> int:
     """Run the demo; one-line errors."""
-    console = Console()
+    console = Console(width=max(Console().width, 130))
     args.upstream, args.once, args.budget_seconds = None, True, 180.0
     try:
         log = args.state_dir / "llama-server.log"

@@ -10,6 +10,7 @@ from slogate_cli import (
     demo_command,
     derive_command,
     sidecar_command,
+    simulate_command,
     up_command,
     whatif_command,
 )
@@ -26,6 +27,7 @@ def build_parser() -> OneLineParser:
     up_command.add_parser(subparsers)
     sidecar_command.add_parser(subparsers)
     demo_command.add_parser(subparsers)
+    simulate_command.add_parser(subparsers)
     return parser
 
 

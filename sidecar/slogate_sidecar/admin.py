@@ -100,6 +100,7 @@ def state(sidecar: Sidecar) -> dict[str, Any]:
                 "ageSeconds": rates.decode_age_s(now),
             },
             "maxAgeSeconds": sidecar.settings.rate_max_age_s,
+            "ttftCorrectionFactor": sidecar.correction.factor,
         },
         "ttftPrediction": {
             "samples": summary.samples,

@@ -50,10 +50,16 @@ def build_sidecar(settings: SidecarSettings) -> Sidecar:
     return sidecar
 
 
+SLOW_POLLS_BEFORE_DOWN = 3
+"""A saturated llama-server may answer /health late; only a refused connection, a
+non-200 answer or this many slow polls in a row mean it is down."""
+
+
 async def poll_upstream(sidecar: Sidecar) -> None:
     """Track the upstream's health and its counters, forever (cancelled at shutdown)."""
     settings = sidecar.settings
     timeout = aiohttp.ClientTimeout(total=max(settings.poll_interval_s, 1.0) * 2)
+    slow = 0
     while True:
         try:
             async with sidecar.client.get(settings.upstream + "/health", timeout=timeout) as health:
@@ -61,7 +67,11 @@ async def poll_upstream(sidecar: Sidecar) -> None:
             async with sidecar.client.get(settings.upstream + "/metrics", timeout=timeout) as metrics:
                 if metrics.status == 200:
                     sidecar.rates.observe(LlamaCounters.from_text(await metrics.text()), time.monotonic())
-        except (aiohttp.ClientError, TimeoutError, MetricsError):
+            slow = 0
+        except (TimeoutError, aiohttp.ServerTimeoutError):
+            slow += 1
+            up = sidecar.upstream_up and slow < SLOW_POLLS_BEFORE_DOWN
+        except (aiohttp.ClientError, MetricsError):
             up = False
         if up != sidecar.upstream_up:
             log.warning("upstream %s is %s", settings.upstream, "up" if up else "DOWN")

@@ -313,6 +313,7 @@ class InferenceProxy:
         if ex.first_token_at is not None:
             actual = ex.first_token_at - ex.arrived
             sc.ttft.record(ex.decision.predicted_ttft_s, actual, limits_slo)
+            sc.correction.observe(ex.decision.predicted_ttft_s, actual)
             sc.metrics.record_ttft(ex.decision.class_name, ex.decision.predicted_ttft_s, actual, limits_slo)
         if ex.final_chunk is None:
             return

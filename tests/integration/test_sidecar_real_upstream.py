@@ -216,3 +216,42 @@ async def test_admin_api(gate: RunningSidecar, calibrated_profile: CalibrationPr
     async with gate.session.get(gate.admin_url + "/metrics") as r:
         text = await r.text()
     assert 'slogate_thresholds_info{calibration_id="pushed-1"' in text
+
+
+async def test_degradation_clamps_max_tokens_and_says_so(
+    llama_server: LlamaServer, calibrated_profile: CalibrationProfile, tmp_path: Path
+) -> None:
+    thresholds = thresholds_for(calibrated_profile, degradation={"clampMaxTokens": True})
+    async with sidecar_in_front_of(llama_server.url, tmp_path, thresholds) as gate:
+        body = {"prompt": "Once upon a time", "n_predict": 5000}  # beyond one slot's 2,048 cells
+        async with gate.session.post(gate.url + "/completion", json=body) as r:
+            assert r.status == 200
+            clamp = int(r.headers["X-Slogate-Degraded"].split("=")[1])
+            answer = await r.json()
+        assert clamp < 2048
+        assert answer["tokens_predicted"] <= clamp
+        assert await gate.wait_idle()
+
+
+async def test_class_from_header_or_api_key(
+    llama_server: LlamaServer, calibrated_profile: CalibrationProfile, tmp_path: Path
+) -> None:
+    thresholds = thresholds_for(
+        calibrated_profile, classes=[{"name": "interactive", "reservedSlots": 1}, {"name": "batch"}]
+    )
+    async with sidecar_in_front_of(
+        llama_server.url, tmp_path, thresholds, api_key_classes={"key-a": "interactive"}
+    ) as gate:
+        body = {"prompt": "Hi", "n_predict": 2}
+        cases = [
+            ({"X-Slogate-Class": "interactive"}, "interactive"),
+            ({"Authorization": "Bearer key-a"}, "interactive"),
+            ({"Authorization": "Bearer unknown"}, "batch"),
+            ({"X-Slogate-Class": "no-such-class"}, "batch"),  # unknown: the default, never an error
+            ({}, "batch"),
+        ]
+        for headers, expected in cases:
+            async with gate.session.post(gate.url + "/completion", json=body, headers=headers) as r:
+                assert r.status == 200
+                assert r.headers["X-Slogate-Class"] == expected
+        assert await gate.wait_idle()

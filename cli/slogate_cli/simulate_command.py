@@ -1,0 +1,255 @@
+"""`slogate simulate`: preview a policy on a calibrated server before deploying it.
+
+A discrete-event simulation of llama-server (its slots, its own queue, prefill and
+decode sharing the cores, clients that give up) in which every arrival is judged by
+the same predicate the sidecar runs. ``--load`` is a multiple of the derived capacity
+μ for the simulated requests (``2x`` or ``2``; several with commas, e.g.
+``0.5x,1x,2x,4x``); ``--gate`` picks what stands in front: ``none`` (llama-server
+alone), ``slogate``, or ``count-cap`` (a fixed concurrency and queue), several with
+commas. Token lengths are ``N`` or ``LOW-HIGH`` (uniform). ``--service exponential``
+replaces each request with Exp(1/μ) seconds of work on one slot: the M/M/1 check.
+Every gate sees the very same arrivals for a given ``--seed``. The SLO flags and
+``--policy FILE`` (a policy JSON) are those of `slogate derive`; the gate in front is
+chosen with ``--gate``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+from rich.console import Console
+from rich.table import Table
+
+from slogate_admission.derivation import DerivationError, derive_thresholds
+from slogate_admission.queueing import mm1_time_in_system
+from slogate_admission.schema import CalibrationProfile, Thresholds
+from slogate_bench.scenario import (
+    DEFAULT_CLIENT_TIMEOUT_S,
+    GATES,
+    CountCap,
+    GateKind,
+    ServerModel,
+    TokenLengths,
+    Workload,
+    capacity_rps,
+    config_for_load,
+)
+from slogate_bench.simulator import simulate
+from slogate_cli.arguments import OneLineParser, Subcommands, non_negative_int, positive_float, positive_int
+from slogate_cli.derive_command import add_policy_flags, build_policy
+
+
+def add_parser(subparsers: Subcommands) -> None:
+    """Register `simulate`."""
+    parser = subparsers.add_parser(
+        "simulate", help="preview a policy in a simulation of the calibrated server", description=__doc__
+    )
+    add_arguments(parser)
+    parser.set_defaults(run=run)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The flags of `simulate` (also used to build a stand-alone parser in tests)."""
+    parser.add_argument("--profile", type=Path, required=True, help="a profile from `slogate calibrate`")
+    add_policy_flags(parser)
+    parser.add_argument(
+        "--load",
+        type=loads,
+        default=loads("0.5x,1x,2x,4x"),
+        help="x capacity: 2x, 2, or several (default 0.5x,1x,2x,4x)",
+    )
+    parser.add_argument(
+        "--gate",
+        type=gates,
+        default=gates("none,slogate"),
+        help="none, slogate, count-cap; several with commas (default none,slogate)",
+    )
+    parser.add_argument(
+        "--duration", type=positive_float, default=1800.0, help="simulated seconds of arrivals (default 1800)"
+    )
+    parser.add_argument("--seed", type=non_negative_int, default=1, help="RNG seed: same seed, same result (default 1)")
+    parser.add_argument(
+        "--prompt-tokens", type=token_lengths, default=TokenLengths.fixed(512), help="N or LOW-HIGH (default 512)"
+    )
+    parser.add_argument(
+        "--output-tokens", type=token_lengths, default=TokenLengths.fixed(256), help="N or LOW-HIGH (default 256)"
+    )
+    parser.add_argument(
+        "--client-timeout",
+        type=positive_float,
+        help=f"clients leave without a first token by then, seconds (default {DEFAULT_CLIENT_TIMEOUT_S:g}; never "
+        "with --service exponential)",
+    )
+    parser.add_argument("--count-cap-concurrency", type=positive_int, help="count-cap: streams (default: derived cap)")
+    parser.add_argument(
+        "--count-cap-queue", type=non_negative_int, default=8, help="count-cap: queue length (default 8)"
+    )
+    parser.add_argument("--service", choices=("profile", "exponential"), default="profile", help="service times")
+    parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
+
+
+def loads(text: str) -> list[float]:
+    """``2x``, ``2`` or ``0.5x,1x,2`` -> multiples of capacity (each finite and > 0)."""
+    values: list[float] = []
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        number = item[:-1] if item.lower().endswith("x") else item
+        try:
+            value = float(number)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"load {item!r}: expected a multiple of capacity like 2x or 0.5") from None
+        if not (math.isfinite(value) and value > 0):
+            raise argparse.ArgumentTypeError(f"load {item!r}: must be a finite number > 0")
+        values.append(value)
+    if not values:
+        raise argparse.ArgumentTypeError("give at least one load, e.g. 2x")
+    return values
+
+
+def gates(text: str) -> list[GateKind]:
+    """``none,slogate`` -> gate kinds."""
+    chosen: list[GateKind] = []
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        if item not in GATES:
+            raise argparse.ArgumentTypeError(f"gate {item!r}: choose from {', '.join(GATES)}")
+        chosen.append(item)
+    if not chosen:
+        raise argparse.ArgumentTypeError(f"give at least one gate ({', '.join(GATES)})")
+    return chosen
+
+
+def token_lengths(text: str) -> TokenLengths:
+    """``512`` (fixed) or ``100-900`` (uniform integers)."""
+    low, sep, high = text.partition("-")
+    try:
+        lengths = TokenLengths(int(low), int(high) if sep else int(low))
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"token lengths {text!r}: expected N or LOW-HIGH with 1 <= LOW <= HIGH"
+        ) from None
+    return lengths
+
+
+def load_inputs(args: argparse.Namespace) -> tuple[CalibrationProfile, Thresholds]:
+    """The profile and the thresholds derived from it; every failure is a ValueError."""
+    try:
+        profile = CalibrationProfile.model_validate_json(args.profile.read_text())
+        return profile, derive_thresholds(build_policy(args), profile, derived_at=datetime.now(UTC))
+    except OSError as error:
+        raise ValueError(f"cannot read {error.filename}: {error.strerror}") from None
+    except ValidationError as error:
+        first = error.errors()[0]
+        where = ".".join(str(p) for p in first["loc"])
+        raise ValueError(f"invalid input at {where or 'top level'}: {first['msg']}") from None
+
+
+def simulate_all(args: argparse.Namespace) -> dict[str, Any]:
+    """Every gate at every load; a JSON-ready report. Raises ValueError on bad input."""
+    profile, thresholds = load_inputs(args)
+    server = ServerModel.from_profile(profile)
+    exponential = args.service == "exponential"
+    timeout = args.client_timeout or (math.inf if exponential else DEFAULT_CLIENT_TIMEOUT_S)
+    workload = Workload(args.prompt_tokens, args.output_tokens, client_timeout_s=timeout)
+    if exponential:
+        if "slogate" in args.gate:
+            raise ValueError("--service exponential has no token counts for the slogate gate: use none or count-cap")
+        # The M/M/1 check: the same μ, as Exp(1/μ) seconds of work on a single slot.
+        mu = capacity_rps(server, workload, thresholds.concurrency_cap)
+        server = ServerModel(1, server.prefill, server.decode)
+        workload = Workload(
+            args.prompt_tokens,
+            args.output_tokens,
+            client_timeout_s=timeout,
+            service="exponential",
+            exponential_mean_s=1.0 / mu,
+        )
+    count_cap = CountCap(args.count_cap_concurrency or thresholds.concurrency_cap, args.count_cap_queue)
+    slo = next(c.ttft_slo_seconds for c in thresholds.classes if c.name == thresholds.default_class)
+    runs: list[dict[str, Any]] = []
+    for gate in args.gate:
+        for load in args.load:
+            config = config_for_load(
+                server,
+                workload,
+                load=load,
+                duration_s=args.duration,
+                ttft_slo_s=slo,
+                gate=gate,
+                thresholds=thresholds,
+                count_cap=count_cap,
+                seed=args.seed,
+            )
+            run_report: dict[str, Any] = {"load": load, **simulate(config).as_dict()}
+            if exponential:
+                w = mm1_time_in_system(config.arrival_rate_rps, config.capacity_rps)
+                run_report["mm1_time_in_system_s"] = w if math.isfinite(w) else None
+            runs.append(run_report)
+    return {
+        "calibration_id": thresholds.calibration_id,
+        "model": thresholds.model,
+        "service": args.service,
+        "ttft_slo_s": slo,
+        "concurrency_cap": thresholds.concurrency_cap,
+        "client_timeout_s": timeout if math.isfinite(timeout) else None,
+        "capacity_rps": runs[0]["capacity_rps"],
+        "runs": runs,
+    }
+
+
+def _seconds(value: float | None) -> str:
+    return f"{value:.2f} s" if value is not None else "-"
+
+
+def table(report: dict[str, Any]) -> Table:
+    """One row per gate and load."""
+    timeout = report["client_timeout_s"]
+    patience = f"clients give up after {timeout:g} s" if timeout is not None else "patient clients"
+    t = Table(
+        title=(
+            f"{report['model']}: capacity μ {report['capacity_rps']:.3f} req/s, TTFT SLO {report['ttft_slo_s']:g} s, "
+            f"{patience} ({report['service']} service)"
+        )
+    )
+    columns = ("gate", "load", "offered", "admitted", "rejected", "timed out", "within SLO", "goodput")
+    for column in (*columns, "p50 TTFT", "p99 TTFT", "mean W", "util"):
+        t.add_column(column, justify="left" if column == "gate" else "right")
+    for r in report["runs"]:
+        t.add_row(
+            r["gate"],
+            f"{r['load']:g}x",
+            *(str(r[k]) for k in ("offered", "admitted", "rejected", "timed_out", "completed_within_slo")),
+            f"{r['goodput_rps']:.3f} req/s",
+            _seconds(r["ttft_p50_s"]),
+            _seconds(r["ttft_p99_s"]),
+            _seconds(r["mean_time_in_system_s"]),
+            f"{r['utilization']:.0%}",
+        )
+    return t
+
+
+def run(args: argparse.Namespace) -> int:
+    """Simulate and print a table (or JSON)."""
+    try:
+        report = simulate_all(args)
+    except (ValueError, DerivationError) as error:
+        sys.stderr.write(f"slogate simulate: error: {error}\n")
+        return 2
+    if args.json:
+        sys.stdout.write(json.dumps(report, sort_keys=True) + "\n")
+    else:
+        Console(width=160).print(table(report))
+    return 0
+
+
+def build_parser() -> OneLineParser:
+    """A stand-alone `slogate simulate` parser (the dispatcher registers ``add_parser`` instead)."""
+    parser = OneLineParser(prog="slogate simulate", description=__doc__)
+    add_arguments(parser)
+    parser.set_defaults(run=run)
+    return parser
