@@ -3,36 +3,139 @@
 Closed loops hide overload (a slow server slows its own clients down); real users
 keep arriving. Each request streams, so the client measures its TTFT; a client
 timeout abandons it (closing the connection, as an impatient user does).
+
+The arrival schedule (times, prompt sizes, output limits, classes) is drawn up front
+from the seed alone, so two systems driven with the same seed and workload see the
+very same traffic, whatever their clients' retry behaviour. Retries are made by the
+client on 429 and 503 (the rejections of slogate and of the baselines); every attempt
+is an arrival at the server, so ``Run.arrivals`` against ``len(Run.results)`` shows
+the retry amplification λ_eff / λ, to compare with 1 / (1 − p).
+
+All times are seconds from the request's *first* attempt: a request retried into
+success has the TTFT its user saw, backoff included.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import math
 import random
 import statistics
 import time
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
 import aiohttp
 
 Outcome = Literal["ok", "rejected", "timeout", "error"]
+RetryKind = Literal["none", "immediate", "backoff", "budget"]
+
+RETRY_KINDS: tuple[RetryKind, ...] = ("none", "immediate", "backoff", "budget")
+REJECTION_STATUSES = frozenset({429, 503})
+"""Load shedding: slogate's 429 (and 503 when it cannot decide), the count cap's 503."""
+INTERACTIVE, BATCH = "interactive", "batch"
+
+Sleep = Callable[[float], Awaitable[None]]
+Progress = Callable[["Result"], None]
 
 
 @dataclass(frozen=True, slots=True)
 class Workload:
-    """What each request looks like."""
+    """What each request looks like; every draw takes the schedule's random source."""
 
     prompt_tokens: Callable[[random.Random], int] = lambda _rng: 200
     max_tokens: Callable[[random.Random], int] = lambda _rng: 32
     class_name: Callable[[random.Random], str | None] = lambda _rng: None
+    name: str = "custom"
+
+    def draws(self, n: int, seed: int = 1) -> list[tuple[int, int]]:
+        """``n`` (prompt tokens, max tokens) pairs, for the calibrated capacity of a mix.
+
+        A mix's μ is 1 / mean(server seconds per request) over these draws, not the
+        server seconds of the mean request: service time is not linear in the prompt.
+        """
+        rng = random.Random(seed)
+        return [(self.prompt_tokens(rng), self.max_tokens(rng)) for _ in range(n)]
+
+
+def _chat_prompt(rng: random.Random) -> int:
+    # Lognormal with median 300 tokens; σ = 0.6 puts the 99th percentile near 1,200.
+    return max(16, min(1500, round(rng.lognormvariate(math.log(300), 0.6))))
+
+
+def _heavy_tail_prompt(rng: random.Random) -> int:
+    return 1500 if rng.random() < 0.05 else rng.randint(100, 300)
+
+
+PRESETS: dict[str, Workload] = {
+    "uniform": Workload(name="uniform"),
+    "chat": Workload(_chat_prompt, lambda rng: rng.choice((64, 128, 256)), name="chat"),
+    "heavy_tail": Workload(_heavy_tail_prompt, lambda _rng: 32, name="heavy_tail"),
+}
+"""uniform: 200-token prompts, 32 out. chat: lognormal prompts around 300 tokens (cap
+1,500), 64/128/256 out. heavy_tail: 100-300-token prompts plus 5 % of 1,500 tokens,
+32 out (a prefill-heavy tail: what a request count does not see)."""
+
+
+def class_mix(interactive_fraction: float) -> Callable[[random.Random], str]:
+    """A class draw: ``interactive`` with this probability, else ``batch`` (sent as X-Slogate-Class)."""
+    if not 0.0 <= interactive_fraction <= 1.0:
+        raise ValueError(f"interactive fraction must be within [0, 1], not {interactive_fraction}")
+    return lambda rng: INTERACTIVE if rng.random() < interactive_fraction else BATCH
+
+
+def preset(name: str, *, interactive_fraction: float | None = None) -> Workload:
+    """A named workload, optionally with a class mix (None: no class header at all)."""
+    try:
+        base = PRESETS[name]
+    except KeyError:
+        raise ValueError(f"unknown workload {name!r}: one of {', '.join(PRESETS)}") from None
+    if interactive_fraction is None:
+        return base
+    return Workload(base.prompt_tokens, base.max_tokens, class_mix(interactive_fraction),
+                    name=f"{name}+{interactive_fraction:g}interactive")  # fmt: skip
+
+
+@dataclass(frozen=True, slots=True)
+class Arrival:
+    """One scheduled request: when (seconds after the start) and what."""
+
+    at_s: float
+    first_token_id: int
+    prompt_tokens: int
+    max_tokens: int
+    class_name: str | None
+
+    def prompt(self) -> list[int]:
+        """Distinct token ids per request, so no prompt cache helps."""
+        return list(range(self.first_token_id, self.first_token_id + self.prompt_tokens))
+
+
+def schedule(rate_rps: float, duration_s: float, workload: Workload, *, seed: int = 1) -> list[Arrival]:
+    """Poisson arrivals at ``rate_rps`` for ``duration_s``.
+
+    Three random streams, so the arrival times do not depend on the request contents
+    and neither depends on the class mix: the same traffic with or without classes.
+    """
+    if rate_rps <= 0 or duration_s <= 0:
+        raise ValueError("rate and duration must be positive")
+    times, contents, classes = (random.Random(f"{seed}/{part}") for part in ("times", "contents", "classes"))
+    arrivals: list[Arrival] = []
+    at = 0.0
+    while True:
+        at += times.expovariate(rate_rps)
+        if at > duration_s:
+            return arrivals
+        first = contents.randrange(1000, 40000)
+        n_in = workload.prompt_tokens(contents)
+        arrivals.append(Arrival(at, first, n_in, workload.max_tokens(contents), workload.class_name(classes)))
 
 
 @dataclass(frozen=True, slots=True)
 class Result:
-    """One request's fate, seen from the client."""
+    """One request's fate, seen from the client (after all its attempts)."""
 
     outcome: Outcome
     status: int
@@ -40,6 +143,186 @@ class Result:
     """Client-side time to the first generated token (None unless it came)."""
     total_s: float
     retry_after_s: float | None = None
+    """The last rejection's Retry-After, if it had one."""
+    attempts: int = 1
+    rejection_latencies_s: tuple[float, ...] = ()
+    """Per rejected attempt: the time from sending it to its 429/503."""
+    retry_delays_s: tuple[float, ...] = ()
+    """The delays the client waited before each retry."""
+    class_name: str | None = None
+    prompt_tokens: int = 0
+    max_tokens: int = 0
+    lag_s: float = 0.0
+    """How late the generator sent the first attempt against the schedule (its own overload)."""
+
+
+@dataclass(frozen=True, slots=True)
+class RetryPolicy:
+    """How a client reacts to a 429/503. Timeouts and errors are never retried."""
+
+    kind: RetryKind = "none"
+    max_attempts: int = 4
+    """Attempts per request, the first included."""
+    base_s: float = 0.5
+    cap_s: float = 8.0
+    budget_ratio: float = 0.1
+    """``budget``: retries may not exceed this fraction of the requests sent so far."""
+
+    def __post_init__(self) -> None:
+        if self.kind not in RETRY_KINDS:
+            raise ValueError(f"unknown retry behaviour {self.kind!r}: one of {', '.join(RETRY_KINDS)}")
+        if self.max_attempts < 1 or self.base_s < 0 or self.cap_s < 0 or self.budget_ratio < 0:
+            raise ValueError("max_attempts must be >= 1; delays and budget ratio non-negative")
+
+    def delay(self, failed_attempts: int, retry_after_s: float | None, rng: random.Random) -> float:
+        """Seconds before the next attempt, after ``failed_attempts`` rejections.
+
+        immediate: none. backoff and budget: exponential backoff with full jitter,
+        uniform(0, min(cap, base · 2^(k−1))), and never less than the Retry-After.
+        """
+        if self.kind in ("none", "immediate"):
+            return 0.0
+        jittered = rng.uniform(0.0, min(self.cap_s, self.base_s * 2 ** (failed_attempts - 1)))
+        return max(retry_after_s or 0.0, jittered)
+
+
+NO_RETRY = RetryPolicy()
+
+
+@dataclass(slots=True)
+class RetryBudget:
+    """A retry may be spent only while retries stay <= ratio x requests sent so far."""
+
+    ratio: float = 0.1
+    requests: int = 0
+    retries: int = 0
+
+    def request(self) -> None:
+        self.requests += 1
+
+    def try_spend(self) -> bool:
+        if self.retries + 1 > self.ratio * self.requests:
+            return False
+        self.retries += 1
+        return True
+
+
+def parse_retry_after(value: str | None) -> float | None:
+    """Retry-After in (possibly fractional) seconds; HTTP dates are not used by these servers."""
+    if value is None:
+        return None
+    try:
+        seconds = float(value)
+    except ValueError:
+        return None
+    return seconds if math.isfinite(seconds) and seconds >= 0 else None
+
+
+@dataclass(frozen=True, slots=True)
+class _Attempt:
+    outcome: Outcome
+    status: int
+    first_token_at: float | None
+    ended_at: float
+    retry_after_s: float | None = None
+
+
+def _body(prompt: list[int], max_tokens: int) -> dict[str, object]:
+    return {"prompt": prompt, "n_predict": max_tokens, "stream": True, "cache_prompt": False, "ignore_eos": True}
+
+
+async def _attempt(session: aiohttp.ClientSession, url: str, body: dict[str, object], headers: dict[str, str],
+                   deadline: float) -> _Attempt:  # fmt: skip
+    """One POST of a streaming native completion, abandoned at ``deadline`` (loop time)."""
+    loop = asyncio.get_running_loop()
+    first: float | None = None
+    try:
+        async with asyncio.timeout_at(deadline):
+            async with session.post(url + "/completion", json=body, headers=headers) as response:
+                if response.status in REJECTION_STATUSES:
+                    await response.read()
+                    retry_after = parse_retry_after(response.headers.get("Retry-After"))
+                    return _Attempt("rejected", response.status, None, loop.time(), retry_after)
+                if response.status != 200:
+                    await response.read()
+                    return _Attempt("error", response.status, None, loop.time())
+                async for line in response.content:
+                    if not line.startswith(b"data: "):
+                        continue
+                    # Parse only until the first token, plus any error event: the client's CPU is measured.
+                    if first is None or b'"error"' in line:
+                        chunk = json.loads(line[6:])
+                        if "error" in chunk:
+                            return _Attempt("error", 200, first, loop.time())
+                        if first is None and chunk.get("content"):
+                            first = loop.time()
+    except TimeoutError:
+        return _Attempt("timeout", 0, first, loop.time())
+    except (aiohttp.ClientError, ValueError):
+        return _Attempt("error", 0, first, loop.time())
+    return _Attempt("ok", 200, first, loop.time())
+
+
+async def request_with_retries(
+    session: aiohttp.ClientSession, url: str, arrival: Arrival, *, timeout_s: float = 10.0,
+    policy: RetryPolicy = NO_RETRY, budget: RetryBudget | None = None, rng: random.Random | None = None,
+    sleep: Sleep = asyncio.sleep,
+) -> Result:  # fmt: skip
+    """Send one request, retrying rejections per ``policy``, within ``timeout_s`` in all.
+
+    The timeout covers the whole request, backoff included (a user's patience): a
+    retry whose delay would end past it is not made, and the request stays rejected.
+    """
+    loop = asyncio.get_running_loop()
+    rng = rng or random.Random(0)
+    budget = budget if budget is not None else RetryBudget(policy.budget_ratio)
+    budget.request()
+    body = _body(arrival.prompt(), arrival.max_tokens)
+    headers = {"X-Slogate-Class": arrival.class_name} if arrival.class_name else {}
+    started = loop.time()
+    deadline = started + timeout_s
+    rejections: list[float] = []
+    delays: list[float] = []
+    attempts = 0
+    while True:
+        attempts += 1
+        sent = loop.time()
+        done = await _attempt(session, url, body, headers, deadline)
+        if done.outcome == "rejected":
+            rejections.append(done.ended_at - sent)
+        if done.outcome == "rejected" and policy.kind != "none" and attempts < policy.max_attempts:
+            delay = policy.delay(attempts, done.retry_after_s, rng)
+            if loop.time() + delay < deadline and (policy.kind != "budget" or budget.try_spend()):
+                delays.append(delay)
+                await sleep(delay)
+                continue
+        return Result(
+            done.outcome, done.status,
+            None if done.first_token_at is None else done.first_token_at - started,
+            done.ended_at - started, done.retry_after_s, attempts, tuple(rejections), tuple(delays),
+            arrival.class_name, arrival.prompt_tokens, arrival.max_tokens,
+        )  # fmt: skip
+
+
+async def one_request(
+    session: aiohttp.ClientSession, url: str, prompt: list[int], *, max_tokens: int, class_name: str | None,
+    timeout_s: float,
+) -> Result:  # fmt: skip
+    """POST a streaming native completion once; classify what came back (429 and 503: rejected).
+
+    Give it a session whose connector has ``force_close=True`` when requests follow each other
+    to llama-server: it closes a connection after a streamed response, so a reused one can fail.
+    """
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    headers = {"X-Slogate-Class": class_name} if class_name else {}
+    done = await _attempt(session, url, _body(prompt, max_tokens), headers, started + timeout_s)
+    return Result(
+        done.outcome, done.status,
+        None if done.first_token_at is None else done.first_token_at - started,
+        done.ended_at - started, done.retry_after_s, 1,
+        (done.ended_at - started,) if done.outcome == "rejected" else (), (), class_name, len(prompt), max_tokens,
+    )  # fmt: skip
 
 
 @dataclass(slots=True)
@@ -48,9 +331,19 @@ class Run:
 
     duration_s: float
     results: list[Result] = field(default_factory=list)
+    client_cpu_s: float = 0.0
+    """The load generator's CPU seconds over the run (time.process_time(): the whole process,
+    so anything else served in-process, a proxy for instance, is counted too)."""
+    wall_s: float = 0.0
+    """From the first arrival to the last request's end."""
 
     def count(self, outcome: Outcome) -> int:
         return sum(1 for r in self.results if r.outcome == outcome)
+
+    def for_class(self, class_name: str | None) -> Run:
+        """The same run restricted to one class (CPU not apportioned: kept whole)."""
+        return Run(self.duration_s, [r for r in self.results if r.class_name == class_name], self.client_cpu_s,
+                   self.wall_s)  # fmt: skip
 
     def within(self, slo_s: float) -> list[Result]:
         """Completed requests whose first token met the SLO."""
@@ -67,80 +360,125 @@ class Run:
         return values[min(len(values) - 1, max(0, round(q * (len(values) - 1))))]
 
     def rejection_latency_median(self) -> float | None:
-        values = [r.total_s for r in self.results if r.outcome == "rejected"]
+        """Median time from sending an attempt to its 429/503, over every rejected attempt."""
+        values = [s for r in self.results for s in r.rejection_latencies_s]
         return statistics.median(values) if values else None
 
+    @property
+    def arrivals(self) -> int:
+        """Attempts that reached the server: first attempts plus retries."""
+        return sum(r.attempts for r in self.results)
 
-async def one_request(
-    session: aiohttp.ClientSession, url: str, prompt: list[int], *, max_tokens: int, class_name: str | None,
-    timeout_s: float,
-) -> Result:  # fmt: skip
-    """POST a streaming native completion; classify what came back."""
-    body = {
-        "prompt": prompt,
-        "n_predict": max_tokens,
-        "stream": True,
-        "cache_prompt": False,
-        "ignore_eos": True,
-    }
-    headers = {"X-Slogate-Class": class_name} if class_name else {}
-    sent = time.monotonic()
-    ttft: float | None = None
-    try:
-        async with asyncio.timeout(timeout_s):
-            async with session.post(url + "/completion", json=body, headers=headers) as response:
-                if response.status == 429:
-                    await response.read()
-                    retry = response.headers.get("Retry-After")
-                    return Result(
-                        "rejected",
-                        429,
-                        None,
-                        time.monotonic() - sent,
-                        float(retry) if retry else None,
-                    )
-                if response.status != 200:
-                    await response.read()
-                    return Result("error", response.status, None, time.monotonic() - sent)
-                async for line in response.content:
-                    if ttft is None and line.startswith(b"data: ") and json.loads(line[6:]).get("content"):
-                        ttft = time.monotonic() - sent
-    except TimeoutError:
-        return Result("timeout", 0, ttft, time.monotonic() - sent)
-    except aiohttp.ClientError:
-        return Result("error", 0, ttft, time.monotonic() - sent)
-    return Result("ok", 200, ttft, time.monotonic() - sent)
+    @property
+    def retries(self) -> int:
+        return self.arrivals - len(self.results)
+
+    def offered_rate(self) -> float:
+        """λ: requests (first attempts) per second."""
+        return len(self.results) / self.duration_s
+
+    def effective_rate(self) -> float:
+        """λ_eff: attempts (retries included) per second."""
+        return self.arrivals / self.duration_s
+
+    def rejection_probability(self) -> float:
+        """p: the fraction of attempts answered 429/503."""
+        rejected = sum(len(r.rejection_latencies_s) for r in self.results)
+        return rejected / self.arrivals if self.arrivals else 0.0
+
+    def predicted_effective_rate(self, max_attempts: int | None = None) -> float:
+        """λ / (1 − p) for unbounded retries; λ (1 − p^N) / (1 − p) with N attempts at most."""
+        p = self.rejection_probability()
+        if max_attempts is not None:
+            return self.offered_rate() * (max_attempts if p == 1.0 else (1 - p**max_attempts) / (1 - p))
+        return math.inf if p == 1.0 else self.offered_rate() / (1 - p)
+
+    def client_cpu_per_request_s(self) -> float:
+        """The generator's CPU seconds per attempt sent."""
+        return self.client_cpu_s / self.arrivals if self.arrivals else 0.0
+
+    def client_cpu_share(self) -> float:
+        """The generator's CPU as a fraction of one core over the run's wall time."""
+        return self.client_cpu_s / self.wall_s if self.wall_s > 0 else 0.0
+
+    def max_lag_s(self) -> float:
+        return max((r.lag_s for r in self.results), default=0.0)
+
+    def summary(self, slo_s: float) -> dict[str, float | int | None]:
+        """The numbers a benchmark table shows, by name."""
+        return {
+            "requests": len(self.results),
+            "arrivals": self.arrivals,
+            "ok": self.count("ok"),
+            "within_slo": len(self.within(slo_s)),
+            "rejected": self.count("rejected"),
+            "timeout": self.count("timeout"),
+            "error": self.count("error"),
+            "goodput_rps": self.goodput(slo_s),
+            "ttft_p50_s": self.ttft_quantile(0.5),
+            "ttft_p99_s": self.ttft_quantile(0.99),
+            "rejection_latency_p50_s": self.rejection_latency_median(),
+            "offered_rps": self.offered_rate(),
+            "effective_rps": self.effective_rate(),
+            "rejection_probability": self.rejection_probability(),
+            "client_cpu_per_request_s": self.client_cpu_per_request_s(),
+            "client_cpu_share": self.client_cpu_share(),
+            "max_lag_s": self.max_lag_s(),
+        }
+
+
+async def run_arrivals(
+    url: str, arrivals: list[Arrival], duration_s: float, *, seed: int = 1, timeout_s: float = 10.0,
+    retry: RetryPolicy = NO_RETRY, progress: Progress | None = None, retry_sleep: Sleep = asyncio.sleep,
+) -> Run:  # fmt: skip
+    """Send each arrival at its time, never waiting for earlier ones; wait for every request to end."""
+    loop = asyncio.get_running_loop()
+    rng = random.Random(f"{seed}/retries")  # jitter: apart from the schedule, which stays the same
+    budget = RetryBudget(retry.budget_ratio)
+    run = Run(duration_s=duration_s)
+    cpu_before = time.process_time()
+    # No client-side queue (limit=0), and a fresh connection per attempt, as independent users have:
+    # llama-server closes a connection after a streamed response, so an immediate reuse fails.
+    connector = aiohttp.TCPConnector(limit=0, force_close=True)
+    async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=None)) as session:
+
+        async def one(arrival: Arrival, lag_s: float) -> Result:
+            result = await request_with_retries(
+                session, url, arrival, timeout_s=timeout_s, policy=retry, budget=budget, rng=rng, sleep=retry_sleep
+            )
+            result = replace(result, lag_s=lag_s)
+            if progress is not None:
+                progress(result)
+            return result
+
+        tasks: list[asyncio.Task[Result]] = []
+        start = loop.time()
+        for arrival in arrivals:
+            wait = start + arrival.at_s - loop.time()
+            if wait > 0:
+                await asyncio.sleep(wait)
+            tasks.append(asyncio.create_task(one(arrival, max(0.0, -wait))))
+        run.results = list(await asyncio.gather(*tasks))
+        run.wall_s = loop.time() - start
+    run.client_cpu_s = time.process_time() - cpu_before
+    return run
 
 
 async def open_loop(url: str, rate_rps: float, duration_s: float, workload: Workload, *, seed: int = 1,
-                    timeout_s: float = 10.0, tick: Callable[[], None] | None = None) -> Run:  # fmt: skip
-    """Poisson arrivals at ``rate_rps`` for ``duration_s``; waits for every request to end."""
-    rng = random.Random(seed)
-    run = Run(duration_s=duration_s)
-    connector = aiohttp.TCPConnector(limit=0)  # an open loop never queues on the client side
-    async with aiohttp.ClientSession(connector=connector) as session:
-        tasks: list[asyncio.Task[Result]] = []
-        start = time.monotonic()
-        next_at = start
-        while True:
-            next_at += rng.expovariate(rate_rps)
-            if next_at - start > duration_s:
-                break
-            await asyncio.sleep(max(0.0, next_at - time.monotonic()))
-            first = rng.randrange(1000, 40000)
-            prompt = list(range(first, first + workload.prompt_tokens(rng)))
-            task = asyncio.create_task(
-                one_request(
-                    session,
-                    url,
-                    prompt,
-                    max_tokens=workload.max_tokens(rng),
-                    class_name=workload.class_name(rng),
-                    timeout_s=timeout_s,
-                )
-            )
-            if tick is not None:
-                task.add_done_callback(lambda _t: tick())
-            tasks.append(task)
-        run.results = list(await asyncio.gather(*tasks))
-    return run
+                    timeout_s: float = 10.0, tick: Callable[[], None] | None = None,
+                    retry: RetryPolicy = NO_RETRY, progress: Progress | None = None,
+                    retry_sleep: Sleep = asyncio.sleep) -> Run:  # fmt: skip
+    """Poisson arrivals at ``rate_rps`` for ``duration_s``; waits for every request to end.
+
+    ``progress`` is called with each finished request's Result (``tick``, without it).
+    """
+
+    def finished(result: Result) -> None:
+        if tick is not None:
+            tick()
+        if progress is not None:
+            progress(result)
+
+    arrivals = schedule(rate_rps, duration_s, workload, seed=seed)
+    return await run_arrivals(url, arrivals, duration_s, seed=seed, timeout_s=timeout_s, retry=retry,
+                              progress=finished, retry_sleep=retry_sleep)  # fmt: skip

@@ -123,8 +123,10 @@ def admin_app(sidecar: Sidecar) -> web.Application:
 async def running(sidecar: Sidecar) -> AsyncIterator[tuple[int, int]]:
     """Serve both ports and poll the upstream; yields the bound (proxy, admin) ports."""
     settings = sidecar.settings
-    # One pooled session to the upstream; enough connections for every stream plus polls.
-    sidecar.session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=256))
+    # A fresh connection per upstream request: llama-server closes a connection after a
+    # streamed response, so reusing a pooled one at once (a deferred request taking the
+    # slot just freed) fails with "server disconnected". Loopback connects cost ~0.1 ms.
+    sidecar.session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=256, force_close=True))
     poller = asyncio.create_task(poll_upstream(sidecar))
     # handler_cancellation: a client that disconnects cancels its handler, which closes
     # the upstream request (llama-server then aborts the generation) and releases the ticket.

