@@ -55,7 +55,7 @@ def table(runs: dict[str, Run], slo: float, rate: float) -> Table:
         "",
         "sent",
         "within SLO",
-        "rejected (429)",
+        "rejected",
         "timed out",
         "errors",
         "p50 TTFT",
