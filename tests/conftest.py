@@ -10,12 +10,15 @@ from __future__ import annotations
 import shlex
 import subprocess
 import sys
+import time
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from slogate_admission.schema import CalibrationProfile
+from slogate_calibration.prometheus_text import LlamaCounters
 from slogate_calibration.runtime import (
     LlamaRuntime,
     LlamaServer,
@@ -85,6 +88,16 @@ def llama_server(llama_runtime: LlamaRuntime, tmp_path_factory: pytest.TempPathF
         server.stop()
 
 
+def wait_until_idle(server: LlamaServer, limit_s: float = 300.0) -> None:
+    """Block (bounded) until llama-server reports nothing processing or deferred."""
+    for _ in range(int(limit_s / 0.25)):
+        with urllib.request.urlopen(server.url + "/metrics", timeout=10) as response:
+            counters = LlamaCounters.from_text(response.read().decode())
+        if counters.requests_processing == 0 and counters.requests_deferred == 0:
+            return
+        time.sleep(0.25)
+
+
 @pytest.fixture(scope="session")
 def calibrated_profile_path(llama_server: LlamaServer, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A real profile of the session's llama-server, made once by the real `slogate calibrate`.
@@ -93,6 +106,7 @@ def calibrated_profile_path(llama_server: LlamaServer, tmp_path_factory: pytest.
     numbers measured on this machine, never on invented ones.
     """
     out = tmp_path_factory.mktemp("calibration") / "profile.json"
+    wait_until_idle(llama_server)  # earlier tests may have left abandoned work running
     done = subprocess.run(
         [
             sys.executable, "-m", "slogate_cli.main", "calibrate",

@@ -3,7 +3,10 @@
 1. Open-loop Poisson arrivals at 70% of the derived capacity μ for the workload:
    the measured TTFT median stays within the SLO.
 2. A queue filled to the derived token budget, then a probe: the measured queue wait
-   (probe TTFT minus its own calibrated prefill) matches the predicted queued / R.
+   (probe TTFT minus its own prefill) matches the predicted queued / R, with R the live
+   rate from llama-server's counter deltas over a warm-up burst just before (what the
+   sidecar uses: a shared machine's speed drifts between calibration and now, and the
+   gate corrects for that the same way).
 
 Tolerance for (2): 30% of the predicted wait. Why that much: R is the calibrated rate
 at 512-token prompts while the queued prompts here are ~120 tokens (the fitted curve
@@ -30,6 +33,7 @@ import pytest
 from slogate_admission.derivation import decode_curve, derive_thresholds, prefill_curve
 from slogate_admission.schema import CalibrationProfile, Policy
 from slogate_admission.service import server_seconds_per_request
+from slogate_calibration.prometheus_text import LlamaCounters
 from slogate_calibration.runtime import LlamaServer
 
 SLO_TTFT = 2.0
@@ -67,6 +71,11 @@ async def stream_ttft(session: aiohttp.ClientSession, url: str, tokens: list[int
                 first = time.monotonic() - sent
     assert first is not None
     return first
+
+
+async def counters(session: aiohttp.ClientSession, url: str) -> LlamaCounters:
+    async with session.get(url + "/metrics") as response:
+        return LlamaCounters.from_text(await response.text())
 
 
 class QueueTracker:
@@ -129,12 +138,19 @@ async def test_predicted_queue_wait_matches_measured_at_the_budget(
         derived_at=datetime.now(UTC),
     )
     prefill = prefill_curve(profile)
-    rate = thresholds.prefill_tokens_per_second
+    rng = random.Random(5)
+    async with aiohttp.ClientSession() as session:
+        before = await counters(session, llama_server.url)
+        await asyncio.gather(*(stream_ttft(session, llama_server.url, prompt(rng, 150)) for _ in range(3)))
+        after = await counters(session, llama_server.url)
+    rate = (after.prompt_tokens_total - before.prompt_tokens_total) / (
+        after.prompt_seconds_total - before.prompt_seconds_total
+    )
     probe_tokens = 64
-    own = prefill.seconds(probe_tokens)
+    # The calibrated curve, scaled to today's speed, as decide() does.
+    own = prefill.seconds(probe_tokens) * thresholds.prefill_tokens_per_second / rate
     # Fill the queue to exactly what the probe may wait behind: (SLO - own) x R.
     budget_tokens = int((SLO_TTFT - own) * rate)
-    rng = random.Random(5)
     ratios: list[float] = []
     async with aiohttp.ClientSession() as session:
         for _ in range(5):  # the median of five shrugs off one disturbed trial
@@ -146,5 +162,8 @@ async def test_predicted_queue_wait_matches_measured_at_the_budget(
             predicted_wait = sum(len(p) for p in burst) / rate
             measured_wait = probe_ttft - own
             ratios.append(measured_wait / predicted_wait)
-    print(f"budget={budget_tokens} tokens, measured/predicted wait ratios: {[round(r, 2) for r in ratios]}")
+    print(
+        f"live rate {rate:.0f} tok/s (calibrated {thresholds.prefill_tokens_per_second:.0f}), "
+        f"budget={budget_tokens} tokens, measured/predicted wait ratios: {[round(r, 2) for r in ratios]}"
+    )
     assert abs(statistics.median(ratios) - 1) <= WAIT_TOLERANCE
