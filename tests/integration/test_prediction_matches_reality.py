@@ -73,6 +73,11 @@ async def stream_ttft(session: aiohttp.ClientSession, url: str, tokens: list[int
     return first
 
 
+def fresh_connections() -> aiohttp.ClientSession:
+    """llama-server closes a connection after a streamed response: never reuse one."""
+    return aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True))
+
+
 async def counters(session: aiohttp.ClientSession, url: str) -> LlamaCounters:
     async with session.get(url + "/metrics") as response:
         return LlamaCounters.from_text(await response.text())
@@ -115,7 +120,7 @@ async def test_open_loop_below_capacity_meets_the_slo(llama_server: LlamaServer,
         ttft = await tracker.send(session, llama_server.url, prompt(rng, PROMPT_TOKENS))
         observed.append(Observed(predicted, ttft))
 
-    async with aiohttp.ClientSession() as session:
+    async with fresh_connections() as session:
         tasks = []
         for _ in range(30):  # open loop: arrivals do not wait for completions
             tasks.append(asyncio.create_task(one(session)))
@@ -139,7 +144,7 @@ async def test_predicted_queue_wait_matches_measured_at_the_budget(
     )
     prefill = prefill_curve(profile)
     rng = random.Random(5)
-    async with aiohttp.ClientSession() as session:
+    async with fresh_connections() as session:
         before = await counters(session, llama_server.url)
         await asyncio.gather(*(stream_ttft(session, llama_server.url, prompt(rng, 150)) for _ in range(3)))
         after = await counters(session, llama_server.url)
@@ -152,7 +157,7 @@ async def test_predicted_queue_wait_matches_measured_at_the_budget(
     # Fill the queue to exactly what the probe may wait behind: (SLO - own) x R.
     budget_tokens = int((SLO_TTFT - own) * rate)
     ratios: list[float] = []
-    async with aiohttp.ClientSession() as session:
+    async with fresh_connections() as session:
         for _ in range(5):  # the median of five shrugs off one disturbed trial
             burst = [prompt(rng, budget_tokens // 3) for _ in range(3)]
             ahead = [asyncio.create_task(stream_ttft(session, llama_server.url, p)) for p in burst]
