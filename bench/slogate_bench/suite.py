@@ -38,9 +38,8 @@ from slogate_bench.report import write_report
 from slogate_calibration.calibrate import CalibrationSettings, calibrate, identify_server
 from slogate_calibration.output import full_json, write_atomic
 from slogate_calibration.runtime import LlamaServer, locate
-from slogate_sidecar.admin import apply, state
-from slogate_sidecar.app import build_sidecar, running
-from slogate_sidecar.settings import SidecarSettings
+from slogate_sidecar.admin import state
+from slogate_sidecar.app import gate_in_front_of
 
 SCENARIOS = ("direct", "count-cap", "rate-limit", "slogate")
 LOADS = (0.5, 1.0, 2.0, 4.0)
@@ -87,14 +86,8 @@ async def front(scenario: str, upstream: str, thresholds: Thresholds, mu: float)
     """The URL clients use in a scenario, and the sidecar (slogate) or None."""
     slots = thresholds.concurrency_cap
     if scenario == "slogate":
-        sidecar = build_sidecar(SidecarSettings(upstream=upstream, port=0, admin_port=0))
-        apply(sidecar, thresholds)
-        async with running(sidecar) as (port, _):
-            for _ in range(100):
-                if sidecar.upstream_up:
-                    break
-                await asyncio.sleep(0.05)
-            yield f"http://127.0.0.1:{port}", sidecar
+        async with gate_in_front_of(upstream, thresholds) as (sidecar, url):
+            yield url, sidecar
         return
     params: dict[str, Any] = {}
     if scenario == "count-cap":

@@ -29,9 +29,7 @@ from slogate_calibration.prometheus_text import LlamaCounters
 from slogate_calibration.runtime import LlamaServer, LlamaServerError, RuntimeNotFound, locate
 from slogate_cli.arguments import Subcommands, positive_float
 from slogate_cli.up_command import cached_or_fresh_profile
-from slogate_sidecar.admin import apply
-from slogate_sidecar.app import build_sidecar, running
-from slogate_sidecar.settings import SidecarSettings
+from slogate_sidecar.app import gate_in_front_of
 
 PROMPT_TOKENS = 200
 MAX_TOKENS = 32
@@ -88,14 +86,8 @@ async def bursts(upstream: str, thresholds: Thresholds, rate: float, seconds: fl
     # llama-server keeps working through requests whose clients gave up (that is the
     # collapse): wait until it is idle so the gated run starts from the same state.
     await wait_until_idle(upstream)
-    sidecar = build_sidecar(SidecarSettings(upstream=upstream, port=0, admin_port=0))
-    apply(sidecar, thresholds)
-    async with running(sidecar) as (port, _admin):
-        for _ in range(100):
-            if sidecar.upstream_up:
-                break
-            await asyncio.sleep(0.05)
-        gated = await open_loop(f"http://127.0.0.1:{port}", rate, seconds, workload, seed=7)
+    async with gate_in_front_of(upstream, thresholds) as (_sidecar, gate_url):
+        gated = await open_loop(gate_url, rate, seconds, workload, seed=7)
     return {"llama-server alone": direct, "through slogate": gated}
 
 

@@ -152,6 +152,22 @@ async def running(sidecar: Sidecar) -> AsyncIterator[tuple[int, int]]:
         await sidecar.session.close()
 
 
+@contextlib.asynccontextmanager
+async def gate_in_front_of(
+    upstream: str, thresholds: Thresholds, wait_up_s: float = 5.0
+) -> AsyncIterator[tuple[Sidecar, str]]:
+    """An in-process sidecar on a free loopback port with these thresholds, for tools
+    (demo, benchmarks): yields it and its base URL once it has seen the upstream up."""
+    sidecar = build_sidecar(SidecarSettings(upstream=upstream, port=0, admin_port=0))
+    admin.apply(sidecar, thresholds)
+    async with running(sidecar) as (port, _admin_port):
+        for _ in range(int(wait_up_s / 0.05)):
+            if sidecar.upstream_up:
+                break
+            await asyncio.sleep(0.05)
+        yield sidecar, f"http://127.0.0.1:{port}"
+
+
 async def serve_forever(settings: SidecarSettings) -> None:
     """Run until cancelled (SIGTERM/SIGINT in the CLI)."""
     sidecar = build_sidecar(settings)
