@@ -95,6 +95,21 @@ class FakeUpstream:
 
 
 @asynccontextmanager
+async def serve(app: web.Application) -> AsyncIterator[str]:
+    """Serve ``app`` on a free loopback port (handlers cancelled on disconnect); yields its URL."""
+    runner = web.AppRunner(app, handler_cancellation=True)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    server = site._server
+    assert isinstance(server, asyncio.base_events.Server)
+    try:
+        yield f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+    finally:
+        await runner.cleanup()
+
+
+@asynccontextmanager
 async def fake_upstream() -> AsyncIterator[FakeUpstream]:
     fake = FakeUpstream()
     app = web.Application()
@@ -104,15 +119,8 @@ async def fake_upstream() -> AsyncIterator[FakeUpstream]:
     app.router.add_post("/apply-template", fake.apply_template)
     for path in ("/completion", "/v1/chat/completions", "/v1/completions"):
         app.router.add_post(path, fake.completion)
-    runner = web.AppRunner(app, handler_cancellation=True)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    server = site._server
-    assert isinstance(server, asyncio.base_events.Server)
-    fake.url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
     try:
-        yield fake
+        async with serve(app) as fake.url:
+            yield fake
     finally:
         fake.stall_forever.set()
-        await runner.cleanup()

@@ -21,7 +21,7 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from fake_upstream import fake_upstream
+from fake_upstream import fake_upstream, serve
 from slogate_bench.baselines import (
     CountCap,
     CountCapProxy,
@@ -94,17 +94,8 @@ async def scripted(**behaviour: Any) -> AsyncIterator[Scripted]:
     fake = Scripted(**behaviour)
     app = web.Application()
     app.router.add_post("/completion", fake.completion)
-    runner = web.AppRunner(app, handler_cancellation=True)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    server = site._server
-    assert isinstance(server, asyncio.base_events.Server)
-    fake.url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
-    try:
+    async with serve(app) as fake.url:
         yield fake
-    finally:
-        await runner.cleanup()
 
 
 def burst(n: int) -> list[Arrival]:
