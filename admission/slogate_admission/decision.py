@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 from types import MappingProxyType
+from typing import NamedTuple
 
 from slogate_admission.retry import retry_after_s
 from slogate_admission.schema import Thresholds
@@ -122,9 +123,13 @@ class LiveState:
     """Estimated seconds until the soonest stream finishes (frees a slot and its KV)."""
 
 
-@dataclass(frozen=True, slots=True)
-class Decision:
-    """The verdict and the numbers behind it."""
+class Decision(NamedTuple):
+    """The verdict and the numbers behind it.
+
+    A NamedTuple rather than a frozen dataclass: as immutable, and built about four times
+    faster (a frozen dataclass's ``__init__`` sets 18 fields through ``object.__setattr__``,
+    which took half of the per-arrival budget of 10 µs measured in docs/benchmarks.md).
+    """
 
     outcome: Outcome
     reasons: tuple[Reason, ...]
@@ -175,67 +180,79 @@ def decide(config: GateConfig, request: Request, state: LiveState, now: float) -
     # (budget − waited − own) · R: time already spent deferred is spent from the budget.
     max_queued = (limits.ttft_budget_s - request.waited_s - own) * rate
 
-    reasons: list[Reason] = []
-    if queued > max_queued:
-        reasons.append(Reason.TTFT)
+    ttft_short = queued > max_queued
 
     output_tokens = request.output_tokens
     clamped = False
     kv_free = config.kv_capacity_tokens - state.reserved_kv_tokens
     room = min(kv_free, config.per_request_max_tokens) - request.prompt_tokens
-    if request.prompt_tokens + output_tokens > min(kv_free, config.per_request_max_tokens):
-        if config.clamp_max_tokens and room >= 1:
-            output_tokens, clamped = room, True
-        else:
-            reasons.append(Reason.KV)
+    kv_short = request.prompt_tokens + output_tokens > min(kv_free, config.per_request_max_tokens)
+    if kv_short and config.clamp_max_tokens and room >= 1:
+        output_tokens, clamped, kv_short = room, True, False
     kv_needed = request.prompt_tokens + output_tokens
 
     streams_after = state.streams + 1
-    if streams_after > limits.concurrency_cap:
-        reasons.append(Reason.CONCURRENCY)
-    if streams_after > config.decode_streams_cap:
-        reasons.append(Reason.DECODE)
+    slots_short = streams_after > limits.concurrency_cap
+    decode_short = streams_after > config.decode_streams_cap
 
-    def verdict(outcome: Outcome, **extra: object) -> Decision:
-        return Decision(
-            outcome=outcome,
-            reasons=tuple(reasons),
-            class_name=limits.name,
-            own_prefill_s=own,
-            queue_wait_s=wait,
-            predicted_ttft_s=predicted,
-            ttft_budget_s=limits.ttft_budget_s,
-            max_queued_tokens=max_queued,
-            kv_needed_tokens=kv_needed,
-            kv_free_tokens=kv_free,
-            streams_after=streams_after,
-            concurrency_cap=limits.concurrency_cap,
-            output_tokens=output_tokens,
-            clamped=clamped,
-            **extra,  # type: ignore[arg-type]
+    # Plain booleans, one tuple at the end: this runs per arrival (target: median ≤ 10 µs).
+    reasons = _REASONS[ttft_short, kv_short, slots_short, decode_short]
+    outcome = Outcome.ADMIT
+    fits_ever = True
+    retry: float | None = None
+    max_wait = 0.0
+    deadline: float | None = None
+    if reasons:
+        outcome = Outcome.REJECT
+        fits_ever = not (
+            own > limits.ttft_slo_s
+            or request.prompt_tokens + output_tokens > config.per_request_max_tokens
+            or kv_needed > config.kv_capacity_tokens
         )
-
-    if not reasons:
-        return verdict(Outcome.ADMIT)
-
-    never_fits = (
-        own > limits.ttft_slo_s
-        or request.prompt_tokens + output_tokens > config.per_request_max_tokens
-        or kv_needed > config.kv_capacity_tokens
+    if reasons and fits_ever:
+        capacity_short = kv_short or slots_short or decode_short
+        retry = max(
+            retry_after_s(queued, max_queued, rate) if ttft_short else 0.0,
+            max(state.next_release_s, 0.0) if capacity_short else 0.0,
+        )
+        # Deferral only when the request's own SLO still has slack: a TTFT miss is
+        # rejected at once (waiting cannot make its first token earlier).
+        slack_wait = min(config.max_wait_s, limits.ttft_slo_s - predicted)
+        if slack_wait > 0 and predicted <= limits.ttft_slo_s:
+            if state.streams + state.deferred + 1 > config.l_max:
+                reasons = (*reasons, Reason.QUEUE_FULL)
+            else:
+                outcome, max_wait, deadline = Outcome.DEFER, slack_wait, now + slack_wait
+    return Decision(
+        outcome=outcome,
+        reasons=reasons,
+        class_name=limits.name,
+        own_prefill_s=own,
+        queue_wait_s=wait,
+        predicted_ttft_s=predicted,
+        ttft_budget_s=limits.ttft_budget_s,
+        max_queued_tokens=max_queued,
+        kv_needed_tokens=kv_needed,
+        kv_free_tokens=kv_free,
+        streams_after=streams_after,
+        concurrency_cap=limits.concurrency_cap,
+        output_tokens=output_tokens,
+        clamped=clamped,
+        fits_ever=fits_ever,
+        retry_after_s=retry,
+        max_wait_s=max_wait,
+        defer_deadline=deadline,
     )
-    if never_fits:
-        return verdict(Outcome.REJECT, fits_ever=False)
 
-    capacity_short = Reason.KV in reasons or Reason.CONCURRENCY in reasons or Reason.DECODE in reasons
-    retry = max(
-        retry_after_s(queued, max_queued, rate) if Reason.TTFT in reasons else 0.0,
-        max(state.next_release_s, 0.0) if capacity_short else 0.0,
-    )
-    slack = limits.ttft_slo_s - predicted
-    max_wait = min(config.max_wait_s, slack)
-    if max_wait > 0 and predicted <= limits.ttft_slo_s:
-        if state.streams + state.deferred + 1 > config.l_max:
-            reasons.append(Reason.QUEUE_FULL)
-            return verdict(Outcome.REJECT, retry_after_s=retry)
-        return verdict(Outcome.DEFER, retry_after_s=retry, max_wait_s=max_wait, defer_deadline=now + max_wait)
-    return verdict(Outcome.REJECT, retry_after_s=retry)
+
+def _reasons_table() -> dict[tuple[bool, bool, bool, bool], tuple[Reason, ...]]:
+    """Every combination of failed predicates -> its reasons tuple, built once."""
+    order = (Reason.TTFT, Reason.KV, Reason.CONCURRENCY, Reason.DECODE)
+    table = {}
+    for bits in range(16):
+        flags = tuple(bool(bits & (1 << i)) for i in range(4))
+        table[flags] = tuple(reason for reason, failed in zip(order, flags, strict=True) if failed)
+    return table  # type: ignore[return-value]
+
+
+_REASONS = _reasons_table()

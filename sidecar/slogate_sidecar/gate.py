@@ -108,7 +108,7 @@ class Gate:
             if waiter.outcome.done():  # admitted in the same instant the wait ran out
                 return waiter.outcome.result()
             final = self._decide_waited(waiter)
-            return dataclasses.replace(final, outcome=Outcome.REJECT), None
+            return final._replace(outcome=Outcome.REJECT), None
         except asyncio.CancelledError:
             # The client left. A ticket granted in that same instant must not leak.
             if waiter.outcome.done():
