@@ -29,13 +29,17 @@ from typing import Literal
 
 import aiohttp
 
-Outcome = Literal["ok", "rejected", "timeout", "error"]
+Outcome = Literal["ok", "rejected", "refused", "timeout", "error"]
+"""refused: slogate's 400 for a request that can never meet its SLO (own prefill beyond it, or
+beyond a slot's context): an instant, deliberate no that no retry can change; not an error."""
 RetryKind = Literal["none", "immediate", "backoff", "budget"]
 
 RETRY_KINDS: tuple[RetryKind, ...] = ("none", "immediate", "backoff", "budget")
 REJECTION_STATUSES = frozenset({429, 503})
 """Load shedding: slogate's 429 (and 503 when it cannot decide), the count cap's 503."""
 INTERACTIVE, BATCH = "interactive", "batch"
+NEVER_FITS_CODE = b'"slogate_request_too_large"'
+"""The error code of slogate's 400 for a request no wait can serve within its SLO."""
 
 Sleep = Callable[[float], Awaitable[None]]
 Progress = Callable[["Result"], None]
@@ -61,8 +65,9 @@ class Workload:
 
 
 def _chat_prompt(rng: random.Random) -> int:
-    # Lognormal with median 300 tokens; σ = 0.6 puts the 99th percentile near 1,200.
-    return max(16, min(1500, round(rng.lognormvariate(math.log(300), 0.6))))
+    # Lognormal with median 100 tokens; σ = 0.7 puts the 99th percentile near 500: chat
+    # sized for a 2-core CPU box, where a 2 s TTFT SLO fits prompts up to ~450 tokens.
+    return max(16, min(1000, round(rng.lognormvariate(math.log(100), 0.7))))
 
 
 def _heavy_tail_prompt(rng: random.Random) -> int:
@@ -71,12 +76,17 @@ def _heavy_tail_prompt(rng: random.Random) -> int:
 
 PRESETS: dict[str, Workload] = {
     "uniform": Workload(name="uniform"),
-    "chat": Workload(_chat_prompt, lambda rng: rng.choice((64, 128, 256)), name="chat"),
+    "chat": Workload(_chat_prompt, lambda rng: rng.choice((32, 64, 128)), name="chat"),
     "heavy_tail": Workload(_heavy_tail_prompt, lambda _rng: 32, name="heavy_tail"),
 }
-"""uniform: 200-token prompts, 32 out. chat: lognormal prompts around 300 tokens (cap
-1,500), 64/128/256 out. heavy_tail: 100-300-token prompts plus 5 % of 1,500 tokens,
-32 out (a prefill-heavy tail: what a request count does not see)."""
+DESCRIPTIONS: dict[str, str] = {
+    "uniform": "200-token prompts, 32 tokens out",
+    "chat": "prompts lognormal around 100 tokens (σ 0.7, capped at 1,000; ~1.5% exceed what a 2 s SLO can "
+    "prefill here), max_tokens from {32, 64, 128}",
+    "heavy_tail": "100-300-token prompts plus 5% of 1,500 tokens (a prefill-heavy tail that a request "
+    "count does not see), 32 tokens out",
+}
+"""What each preset is, in words (the report quotes these)."""
 
 
 def class_mix(interactive_fraction: float) -> Callable[[random.Random], str]:
@@ -244,8 +254,9 @@ async def _attempt(session: aiohttp.ClientSession, url: str, body: dict[str, obj
                     retry_after = parse_retry_after(response.headers.get("Retry-After"))
                     return _Attempt("rejected", response.status, None, loop.time(), retry_after)
                 if response.status != 200:
-                    await response.read()
-                    return _Attempt("error", response.status, None, loop.time())
+                    payload = await response.read()
+                    refused = response.status == 400 and NEVER_FITS_CODE in payload
+                    return _Attempt("refused" if refused else "error", response.status, None, loop.time())
                 async for line in response.content:
                     if not line.startswith(b"data: "):
                         continue
@@ -412,6 +423,7 @@ class Run:
             "ok": self.count("ok"),
             "within_slo": len(self.within(slo_s)),
             "rejected": self.count("rejected"),
+            "refused": self.count("refused"),
             "timeout": self.count("timeout"),
             "error": self.count("error"),
             "goodput_rps": self.goodput(slo_s),

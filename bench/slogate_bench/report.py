@@ -18,7 +18,7 @@ import matplotlib.pyplot as plt
 from slogate_admission.derivation import decode_curve, prefill_curve
 from slogate_admission.schema import CalibrationProfile, Thresholds
 from slogate_admission.service import server_seconds_per_request
-from slogate_bench.load import preset
+from slogate_bench.load import DESCRIPTIONS, preset
 
 SCENARIOS = ("direct", "count-cap", "rate-limit", "slogate")
 COLORS = {"direct": "#d62728", "count-cap": "#ff7f0e", "rate-limit": "#9467bd", "slogate": "#2ca02c"}
@@ -52,6 +52,30 @@ def _attainment(run: dict[str, Any]) -> float:
 
 def _fmt(value: float | None, unit: str = "", digits: int = 2) -> str:
     return "-" if value is None else f"{value:.{digits}f}{unit}"
+
+
+def _rejection_ms(run: dict[str, Any]) -> str:
+    """Client-side rejection latency p50 / p99 in ms, over every rejected attempt."""
+    values = run["rejection_latencies"]
+    p50, p99 = _quantile(values, 0.5), _quantile(values, 0.99)
+    return "-" if p50 is None or p99 is None else f"{p50 * 1000:.1f} / {p99 * 1000:.1f} ms"
+
+
+def overhead_targets(overhead: dict[str, Any]) -> list[tuple[str, str, bool | None]]:
+    """The in-process decision time and the one-core sidecar throughput (slogate_bench.overhead)."""
+    rows: list[tuple[str, str, bool | None]] = []
+    decision = overhead.get("decision")
+    if decision:
+        rows.append(("the core's decision in-process: median ≤ 10 µs",
+                     f"{decision['median_us']:.1f} µs (p99 {decision['p99_us']:.1f} µs)",
+                     decision["median_us"] <= 10))  # fmt: skip
+    one_core = overhead.get("sidecar_one_core") or {}
+    for key, label, target in (("rejected", "rejections", 2000), ("proxied", "proxied small requests", 1000)):
+        r = one_core.get(key)
+        if r:
+            rows.append((f"sidecar alone on one core: ≥ {target:,} {label}/s",
+                         f"{r['requests_per_s']:,.0f}/s ({r['requests']:,} requests)", r["requests_per_s"] >= target))  # fmt: skip
+    return rows
 
 
 def plots(raw: dict[str, Any], mu: float, out_dir: Path) -> list[str]:
@@ -248,8 +272,10 @@ def write_report(
         f"| calibration | {profile.id}: prefill {thresholds.prefill_tokens_per_second:.0f} tok/s at {thresholds.reference_prompt_tokens} tokens, decode per stream "
         + " / ".join(f"{p.tokens_per_second:.0f}" for p in profile.decode)
         + " tok/s at B = 1..4 |",
-        f"| SLO | TTFT ≤ {raw['slo_s']:g} s; deferral up to 0.5 s |",
-        "| workload `chat` | prompts lognormal around 300 tokens (capped at 1,500), max_tokens from {64, 128, 256}, streaming, clients give up after 10 s |",
+        f"| SLO | TTFT ≤ {raw['slo_s']:g} s; deferral up to 0.5 s. A request whose own prefill alone exceeds it is refused at once by slogate (400, counted as *refused*, never as served) |",
+        f"| workload `chat` | {DESCRIPTIONS['chat']}; streaming, Poisson arrivals, clients give up after 10 s |",
+        f"| workload `heavy_tail` | {DESCRIPTIONS['heavy_tail']} |",
+        f"| runs | {raw.get('seconds', '?')} s of arrivals each, a fresh llama-server (at nice {raw.get('llama_niceness', 0)}) per run, every front in its own process |",
         f"| capacity μ (chat) | {mu:.2f} req/s: 1 / mean server seconds per request at the concurrency cap ({thresholds.concurrency_cap}) |",
         "",
         "Scenarios: **direct** (llama-server alone, its own unbounded queue); **count-cap** (4 in",
@@ -263,7 +289,7 @@ def write_report(
         "| --- | --- | --- |",
         *[
             f"| {t} | {m} | {'yes' if ok else 'no' if ok is not None else '(reported)'} |"
-            for t, m, ok in targets(raw, mu)
+            for t, m, ok in targets(raw, mu) + overhead_targets(raw.get("overhead", {}))
         ],
         "",
         "## Plots",
@@ -276,16 +302,16 @@ def write_report(
         lines += [
             f"## {load:g}x offered load (chat)",
             "",
-            "| scenario | sent | within SLO | rejected | timed out | errors | goodput | p50 TTFT | p99 TTFT | rejection p50 |",
-            "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+            "| scenario | sent | within SLO | rejected | refused | timed out | errors | goodput | p50 TTFT | p99 TTFT | rejection p50 / p99 |",
+            "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
         ]
         for scenario in SCENARIOS:
             r = _find(runs, scenario, load)
             if r:
                 lines.append(
-                    f"| {scenario} | {r['requests']} | {r['within_slo']} | {r['rejected']} | {r['timeout']} | {r['error']} | "
-                    f"{r['goodput_rps']:.2f}/s | {_fmt(r['ttft_p50_s'], ' s')} | {_fmt(r['ttft_p99_s'], ' s')} | "
-                    f"{_fmt(None if r['rejection_latency_p50_s'] is None else r['rejection_latency_p50_s'] * 1000, ' ms')} |"
+                    f"| {scenario} | {r['requests']} | {r['within_slo']} | {r['rejected']} | {r.get('refused', 0)} | "
+                    f"{r['timeout']} | {r['error']} | {r['goodput_rps']:.2f}/s | {_fmt(r['ttft_p50_s'], ' s')} | "
+                    f"{_fmt(r['ttft_p99_s'], ' s')} | {_rejection_ms(r)} |"
                 )
         lines.append("")
     extra = [r for r in raw["runs"] if r["workload"] != "chat" or r["retry"] != "none"]
@@ -293,13 +319,13 @@ def write_report(
         lines += [
             "## Heavy-tailed mix and retries (2x)",
             "",
-            "| scenario | workload | retry | sent | attempts | within SLO | rejected | timed out | goodput | p99 TTFT |",
-            "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+            "| scenario | workload | retry | sent | attempts | within SLO | rejected | refused | timed out | goodput | p99 TTFT |",
+            "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
         ]
         for r in extra:
             lines.append(
                 f"| {r['scenario']} | {r['workload']} | {r['retry']} | {r['requests']} | {r['arrivals']} | {r['within_slo']} | "
-                f"{r['rejected']} | {r['timeout']} | {r['goodput_rps']:.2f}/s | {_fmt(r['ttft_p99_s'], ' s')} |"
+                f"{r['rejected']} | {r.get('refused', 0)} | {r['timeout']} | {r['goodput_rps']:.2f}/s | {_fmt(r['ttft_p99_s'], ' s')} |"
             )
         lines.append("")
     out.write_text("\n".join(lines))

@@ -7,7 +7,7 @@ multiples of μ, the calibrated capacity for the workload. Every run starts from
 llama-server: an ungated overload leaves minutes of abandoned work queued inside it,
 and each scenario must start from the same state.
 
-Run: make bench  (about 15 minutes here); writes docs/benchmarks.md and docs/bench/*.png.
+Run: make bench  (about 20 minutes here); writes docs/benchmarks.md and docs/bench/*.png.
 """
 
 from __future__ import annotations
@@ -32,18 +32,21 @@ from rich.progress import Progress
 from slogate_admission.derivation import decode_curve, derive_thresholds, prefill_curve
 from slogate_admission.schema import CalibrationProfile, Policy, Thresholds
 from slogate_admission.service import server_seconds_per_request
-from slogate_bench.baselines import fair_count_cap, fair_rate_limit, running_baseline
+from slogate_bench.baselines import fair_count_cap, fair_rate_limit, spawned_baseline
+from slogate_bench.gate_process import GateProcess, spawned_gate
 from slogate_bench.load import NO_RETRY, RetryPolicy, Run, Workload, open_loop, preset
 from slogate_bench.report import write_report
 from slogate_calibration.calibrate import CalibrationSettings, calibrate, identify_server
 from slogate_calibration.output import full_json, write_atomic
 from slogate_calibration.runtime import LlamaServer, locate
-from slogate_sidecar.admin import state
-from slogate_sidecar.app import gate_in_front_of
 
 SCENARIOS = ("direct", "count-cap", "rate-limit", "slogate")
 LOADS = (0.5, 1.0, 2.0, 4.0)
 SLO_S = 2.0
+LLAMA_NICENESS = 10
+"""llama-server runs at nice 10 in every scenario: on 2 cores its two inference threads
+would otherwise starve the front and the load generator, whose latencies we measure (in a
+pod, the sidecar's CPU request does this). Alone, it still gets all the CPU."""
 
 
 @dataclass
@@ -82,12 +85,18 @@ def capacity(profile: CalibrationProfile, thresholds: Thresholds, workload: Work
 
 
 @asynccontextmanager
-async def front(scenario: str, upstream: str, thresholds: Thresholds, mu: float) -> AsyncIterator[tuple[str, Any]]:
-    """The URL clients use in a scenario, and the sidecar (slogate) or None."""
+async def front(
+    scenario: str, upstream: str, thresholds: Thresholds, mu: float, work_dir: Path
+) -> AsyncIterator[tuple[str, GateProcess | None]]:
+    """The URL clients use in a scenario, and the gate process (slogate only).
+
+    Every front runs as its own process, as it would in a pod, so none shares the load
+    generator's event loop.
+    """
     slots = thresholds.concurrency_cap
     if scenario == "slogate":
-        async with gate_in_front_of(upstream, thresholds) as (sidecar, url):
-            yield url, sidecar
+        async with spawned_gate(upstream, thresholds, work_dir) as gate:
+            yield gate.url, gate
         return
     params: dict[str, Any] = {}
     if scenario == "count-cap":
@@ -97,7 +106,7 @@ async def front(scenario: str, upstream: str, thresholds: Thresholds, mu: float)
         limit = fair_rate_limit(mu, slots)
         params = {"rate_rps": limit.rate_rps, "burst": limit.burst}
     kind = {"direct": "direct", "count-cap": "count_cap", "rate-limit": "rate_limit"}[scenario]
-    async with running_baseline(kind, upstream, **params) as url:  # type: ignore[arg-type]
+    async with spawned_baseline(kind, upstream, **params) as url:  # type: ignore[arg-type]
         yield url, None
 
 
@@ -123,8 +132,9 @@ async def one_run(bench: Bench, scenario: str, load: float, workload: Workload, 
     )
     mu = capacity(profile, thresholds, workload)
     task = progress.add_task(f"{scenario:<10} {load:>3g}x {workload.name} {retry.kind}", total=None)
-    with LlamaServer(locate(), log_path=log_dir / f"{scenario}-{load}-{workload.name}-{retry.kind}.log") as server:
-        async with front(scenario, server.url, thresholds, mu) as (url, sidecar):
+    log = log_dir / f"{scenario}-{load}-{workload.name}-{retry.kind}.log"
+    with LlamaServer(locate(), log_path=log, niceness=LLAMA_NICENESS) as server:
+        async with front(scenario, server.url, thresholds, mu, log_dir) as (url, gate):
             run = await open_loop(
                 url,
                 load * mu,
@@ -134,7 +144,7 @@ async def one_run(bench: Bench, scenario: str, load: float, workload: Workload, 
                 retry=retry,
                 progress=lambda _r: progress.advance(task),
             )
-            gate_state = state(sidecar) if sidecar is not None else None
+            gate_state = await gate.state() if gate is not None else None
     progress.update(task, completed=len(run.results), total=len(run.results))
     return Measured(scenario, load, workload.name, retry.kind, run, gate_state)
 
@@ -198,14 +208,23 @@ def environment() -> dict[str, str]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--seconds", type=float, default=30.0, help="each run's arrival window")
+    parser.add_argument("--seconds", type=float, default=40.0, help="each run's arrival window")
     parser.add_argument("--state-dir", type=Path, default=Path(".slogate"))
     parser.add_argument("--out", type=Path, default=Path("docs/benchmarks.md"))
     parser.add_argument("--raw", type=Path, default=Path("docs/bench/results.json"))
     args = parser.parse_args()
     console = Console(width=140)
     profile, thresholds, results = asyncio.run(suite(args.seconds, args.state_dir, console))
-    raw = {"environment": environment(), "profile": profile.id, "slo_s": SLO_S, "runs": [m.row() for m in results]}
+    overhead_file = args.raw.parent / "overhead.json"  # `make bench` measures it first
+    raw = {
+        "environment": environment(),
+        "profile": profile.id,
+        "slo_s": SLO_S,
+        "seconds": args.seconds,
+        "llama_niceness": LLAMA_NICENESS,
+        "overhead": json.loads(overhead_file.read_text()) if overhead_file.exists() else {},
+        "runs": [m.row() for m in results],
+    }
     args.raw.parent.mkdir(parents=True, exist_ok=True)
     args.raw.write_text(json.dumps(raw, indent=2, default=str))
     write_report(raw, profile, thresholds, args.out, args.raw.parent)

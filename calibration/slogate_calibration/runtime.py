@@ -193,8 +193,13 @@ class LlamaServer:
         kv_unified: bool = False,
         extra_args: Sequence[str] = (),
         log_path: Path | None = None,
+        niceness: int = 0,
     ) -> None:
         self.runtime = runtime
+        # > 0 lowers llama-server's CPU priority. The benchmarks use it so that the gate and
+        # the load generator (a few % of a core) are not queued behind two busy inference
+        # threads on a 2-core machine; in a pod, the sidecar's own CPU request does that.
+        self.niceness = niceness
         self.model = model if model is not None else runtime.model
         self.host = host
         self._auto_port = port is None
@@ -314,7 +319,7 @@ class LlamaServer:
             # start_new_session: its own process group, so stop() can signal the whole
             # group and a Ctrl-C aimed at pytest does not race our orderly shutdown.
             self._proc = subprocess.Popen(
-                self.args,
+                ["nice", "-n", str(self.niceness), *self.args] if self.niceness else self.args,
                 stdin=subprocess.DEVNULL,
                 stdout=self._log_file,
                 stderr=subprocess.STDOUT,

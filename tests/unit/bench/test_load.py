@@ -63,7 +63,7 @@ class Scripted:
     retry_after: str | None = None
     reject_attempts: int | None = None
     then: str = "ok"
-    """ok | error_event (a 200 stream that ends in an error event) | 500"""
+    """ok | error_event (a 200 stream that ends in an error event) | 500 | never_fits | 400"""
     hits: int = 0
     seen: dict[int, int] = field(default_factory=dict)
     url: str = ""
@@ -78,6 +78,10 @@ class Scripted:
             return web.json_response({"error": {"message": "busy"}}, status=self.status, headers=headers)
         if self.then == "500":
             return web.json_response({"error": {"message": "boom"}}, status=500)
+        if self.then == "never_fits":
+            return web.json_response({"error": {"message": "too long", "code": "slogate_request_too_large"}}, status=400)
+        if self.then == "400":
+            return web.json_response({"error": {"message": "malformed", "code": None}}, status=400)
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await response.prepare(request)
         await response.write(b'data: {"content": "Hi", "stop": false}\n\n')
@@ -243,6 +247,8 @@ async def test_retry_budget_caps_retries_at_ten_percent_of_requests() -> None:
         ({"status": 429, "retry_after": "2"}, "rejected", 429),
         ({"reject_attempts": 0, "then": "500"}, "error", 500),
         ({"reject_attempts": 0, "then": "error_event"}, "error", 200),
+        ({"reject_attempts": 0, "then": "never_fits"}, "refused", 400),  # slogate: no wait would help
+        ({"reject_attempts": 0, "then": "400"}, "error", 400),  # any other 400 is the client's bug
         ({"reject_attempts": 0}, "ok", 200),
     ],
 )
@@ -349,9 +355,10 @@ def test_presets() -> None:
     chat = PRESETS["chat"].draws(5000, seed=1)
     prompts = [p for p, _ in chat]
     assert min(prompts) >= 16
-    assert max(prompts) <= 1500
-    assert 270 < statistics.median(prompts) < 330  # lognormal around 300 tokens
-    assert {m for _, m in chat} == {64, 128, 256}
+    assert max(prompts) <= 1000
+    assert 90 < statistics.median(prompts) < 110  # lognormal around 100 tokens
+    assert 0.005 < sum(p > 450 for p in prompts) / len(prompts) < 0.03  # a few beyond a 2 s SLO here
+    assert {m for _, m in chat} == {32, 64, 128}
     heavy = PRESETS["heavy_tail"].draws(5000, seed=1)
     long_share = sum(p == 1500 for p, _ in heavy) / len(heavy)
     assert 0.04 < long_share < 0.06
