@@ -6,7 +6,10 @@ benchmark issue are checked against them and reported as met or short, never edi
 
 from __future__ import annotations
 
+import argparse
+import json
 import statistics
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -15,10 +18,13 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
-from slogate_admission.derivation import decode_curve, prefill_curve
-from slogate_admission.schema import CalibrationProfile, Thresholds
+from slogate_admission.derivation import decode_curve, derive_thresholds, prefill_curve
+from slogate_admission.schema import CalibrationProfile, Policy, Thresholds
 from slogate_admission.service import server_seconds_per_request
+from slogate_bench import scenario as sim
+from slogate_bench.baselines import fair_count_cap
 from slogate_bench.load import DESCRIPTIONS, preset
+from slogate_bench.simulator import simulate
 
 SCENARIOS = ("direct", "count-cap", "rate-limit", "slogate")
 COLORS = {"direct": "#d62728", "count-cap": "#ff7f0e", "rate-limit": "#9467bd", "slogate": "#2ca02c"}
@@ -78,7 +84,43 @@ def overhead_targets(overhead: dict[str, Any]) -> list[tuple[str, str, bool | No
     return rows
 
 
-def plots(raw: dict[str, Any], mu: float, out_dir: Path) -> list[str]:
+SIMULATED_GATES: dict[str, sim.GateKind] = {"direct": "none", "count-cap": "count-cap", "slogate": "slogate"}
+SIMULATED_SEEDS = 20
+
+
+def simulated_goodput(
+    profile: CalibrationProfile, thresholds: Thresholds, mu: float, loads: list[float], *, slo_s: float, seconds: float
+) -> dict[str, list[tuple[float, float]]]:
+    """`slogate simulate`'s goodput at the measured loads, per scenario, for the chat workload.
+
+    The same λ = load · μ and window as the measured runs, the chat preset's own draws as
+    lengths, the same 10 s client patience, the fair count cap; the mean over 20 seeds, so
+    the curve is the model's expectation for one such run. (The window matters above 1x:
+    an ungated queue grows for as long as the overload lasts.)
+    """
+    draws = preset("chat").draws(5000)
+    workload = sim.Workload(
+        prompt_tokens=sim.SampledLengths(tuple(n_in for n_in, _ in draws)),
+        output_tokens=sim.SampledLengths(tuple(n_out for _, n_out in draws)),
+    )
+    server = sim.ServerModel.from_profile(profile)
+    cap = fair_count_cap(thresholds.concurrency_cap, slo_s, thresholds.concurrency_cap / mu)
+    curves: dict[str, list[tuple[float, float]]] = {}
+    for scenario, gate in SIMULATED_GATES.items():
+        curves[scenario] = [
+            (load, statistics.fmean(simulate(sim.SimulationConfig(
+                server=server, workload=workload, arrival_rate_rps=load * mu, duration_s=seconds,
+                ttft_slo_s=slo_s, gate=gate, thresholds=thresholds,
+                count_cap=sim.CountCap(cap.max_concurrency, cap.max_queue), seed=seed,
+            )).goodput_rps for seed in range(SIMULATED_SEEDS)))
+            for load in loads
+        ]  # fmt: skip
+    return curves
+
+
+def plots(
+    raw: dict[str, Any], mu: float, out_dir: Path, simulated: dict[str, list[tuple[float, float]]] | None = None
+) -> list[str]:
     """Three PNGs; returns their file names."""
     runs = _main_runs(raw)
     loads = sorted({r["load"] for r in runs})
@@ -90,6 +132,9 @@ def plots(raw: dict[str, Any], mu: float, out_dir: Path) -> list[str]:
         xs = [load for load, r in points if r]
         ys = [r["goodput_rps"] for _, r in points if r]
         ax.plot(xs, ys, marker="o", label=scenario, color=COLORS[scenario])
+        if simulated and scenario in simulated:
+            ax.plot([x for x, _ in simulated[scenario]], [y for _, y in simulated[scenario]], linestyle=":",
+                    color=COLORS[scenario], label=f"{scenario}, simulated")  # fmt: skip
     ax.axhline(mu, linestyle="--", color="grey", label=f"calibrated capacity μ = {mu:.2f}/s")
     ax.set_xlabel("offered load (x μ)")
     ax.set_ylabel(f"goodput: completed with TTFT ≤ {raw['slo_s']:g} s (req/s)")
@@ -255,7 +300,9 @@ def write_report(
         server_seconds_per_request(prefill, decode, a, b, thresholds.concurrency_cap)
         for a, b in preset("chat").draws(2000)
     )
-    names = plots(raw, mu, plot_dir)
+    loads = sorted({r["load"] for r in _main_runs(raw)})
+    simulated = simulated_goodput(profile, thresholds, mu, loads, slo_s=raw["slo_s"], seconds=raw.get("seconds", 40.0))
+    names = plots(raw, mu, plot_dir, simulated)
     env = raw["environment"]
     lines = [
         "# Benchmarks",
@@ -314,6 +361,22 @@ def write_report(
                     f"{_fmt(r['ttft_p99_s'], ' s')} | {_rejection_ms(r)} |"
                 )
         lines.append("")
+    lines += [
+        "## Simulator vs measurement (chat, goodput req/s)",
+        "",
+        f"`slogate simulate` with this calibration: the same λ and {raw.get('seconds', '?')} s window as the measured",
+        f"runs, the mean of {SIMULATED_SEEDS} seeds per point (dotted lines in the goodput plot).",
+        "",
+        "| load | " + " | ".join(f"{s} measured | {s} simulated" for s in SIMULATED_GATES) + " |",
+        "| --- | " + " | ".join("--- | ---" for _ in SIMULATED_GATES) + " |",
+    ]
+    for i, load in enumerate(loads):
+        cells = []
+        for scenario in SIMULATED_GATES:
+            measured = _find(runs, scenario, load)
+            cells += [_fmt(measured["goodput_rps"] if measured else None), f"{simulated[scenario][i][1]:.2f}"]
+        lines.append(f"| {load:g}x | " + " | ".join(cells) + " |")
+    lines.append("")
     extra = [r for r in raw["runs"] if r["workload"] != "chat" or r["retry"] != "none"]
     if extra:
         lines += [
@@ -329,3 +392,23 @@ def write_report(
             )
         lines.append("")
     out.write_text("\n".join(lines))
+
+
+def main() -> None:
+    """Re-render docs/benchmarks.md and the plots from a results file, without re-running."""
+    parser = argparse.ArgumentParser(description=main.__doc__)
+    parser.add_argument("--raw", type=Path, default=Path("docs/bench/results.json"))
+    parser.add_argument("--profile", type=Path, required=True, help="the calibration profile the runs used")
+    parser.add_argument("--out", type=Path, default=Path("docs/benchmarks.md"))
+    args = parser.parse_args()
+    raw = json.loads(args.raw.read_text())
+    profile = CalibrationProfile.model_validate_json(args.profile.read_text())
+    if profile.id != raw["profile"]:
+        parser.error(f"{args.profile} is {profile.id}, the runs used {raw['profile']}")
+    policy = Policy.model_validate({"slo": {"ttftSeconds": raw["slo_s"]}, "deferral": {"maxWaitSeconds": 0.5}})
+    thresholds = derive_thresholds(policy, profile, derived_at=datetime.now(UTC))
+    write_report(raw, profile, thresholds, args.out, args.raw.parent)
+
+
+if __name__ == "__main__":
+    main()

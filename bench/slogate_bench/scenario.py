@@ -57,11 +57,46 @@ class TokenLengths:
 
 
 @dataclass(frozen=True, slots=True)
+class SampledLengths:
+    """Token counts drawn with replacement from given samples: a load-generator preset's own
+    draws, so a simulation sees the very distribution the benchmark sent."""
+
+    samples: tuple[int, ...]
+
+    def __post_init__(self) -> None:
+        if not self.samples or min(self.samples) < 1:
+            raise ValueError("sampled lengths need at least one sample, every one >= 1")
+
+    @property
+    def low(self) -> int:
+        """The smallest sample."""
+        return min(self.samples)
+
+    @property
+    def high(self) -> int:
+        """The largest sample."""
+        return max(self.samples)
+
+    @property
+    def mean(self) -> float:
+        """The samples' mean."""
+        return sum(self.samples) / len(self.samples)
+
+    def draw(self, rng: np.random.Generator, count: int) -> list[int]:
+        """``count`` samples, with replacement."""
+        values: list[int] = rng.choice(np.asarray(self.samples), size=count).tolist()
+        return values
+
+
+Lengths = TokenLengths | SampledLengths
+
+
+@dataclass(frozen=True, slots=True)
 class Workload:
     """What the clients send, and how patient they are."""
 
-    prompt_tokens: TokenLengths
-    output_tokens: TokenLengths
+    prompt_tokens: Lengths
+    output_tokens: Lengths
     """max_tokens, generated in full."""
     client_timeout_s: float = DEFAULT_CLIENT_TIMEOUT_S
     """A client leaves if its first token has not come by then; ``math.inf``: never."""

@@ -1,0 +1,89 @@
+"""The benchmark report: targets computed from the runs, never edited; plots written."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from builders import smollm2_profile
+from slogate_admission.derivation import derive_thresholds
+from slogate_admission.schema import Policy
+from slogate_bench.report import overhead_targets, targets, write_report
+from slogate_bench.scenario import SampledLengths
+
+
+def run(scenario: str, load: float, goodput: float, *, ok: int = 20, within: int = 20, rejected: int = 0,
+        refused: int = 0, workload: str = "chat", retry: str = "none") -> dict[str, Any]:  # fmt: skip
+    return {
+        "scenario": scenario, "load": load, "workload": workload, "retry": retry,
+        "requests": ok + rejected + refused, "arrivals": ok + rejected + refused, "ok": ok, "within_slo": within,
+        "rejected": rejected, "refused": refused, "timeout": 0, "error": 0, "goodput_rps": goodput,
+        "ttft_p50_s": 0.5, "ttft_p99_s": 1.5, "rejection_latency_p50_s": 0.001 if rejected else None,
+        "offered_rps": load, "effective_rps": load, "rejection_probability": 0.0,
+        "client_cpu_per_request_s": 0.01, "client_cpu_share": 0.02, "max_lag_s": 0.0,
+        "gate": {"ttftPrediction": {"medianAbsRelativeError": 0.1}} if scenario == "slogate" else None,
+        "ttfts": [0.4, 0.5, 0.6][: min(3, ok)], "rejection_latencies": [0.001] * rejected,
+    }  # fmt: skip
+
+
+def raw_results(slogate_4x: float) -> dict[str, Any]:
+    runs = []
+    for load in (0.5, 1.0, 2.0, 4.0):
+        runs.append(run("direct", load, 0.4 / load))
+        runs.append(run("count-cap", load, 0.5))
+        runs.append(run("rate-limit", load, 0.5))
+    runs += [run("slogate", 0.5, 0.4), run("slogate", 1.0, 0.8), run("slogate", 2.0, 0.8, rejected=10, refused=1),
+             run("slogate", 4.0, slogate_4x, rejected=30, refused=2)]  # fmt: skip
+    return {"environment": {"date": "today"}, "profile": "p", "slo_s": 2.0, "seconds": 40.0, "runs": runs}
+
+
+def by_target(rows: list[tuple[str, str, bool | None]], prefix: str) -> tuple[str, bool | None]:
+    matches = [(measured, met) for target, measured, met in rows if target.startswith(prefix)]
+    assert len(matches) == 1, [t for t, _, _ in rows]
+    return matches[0]
+
+
+def test_targets_follow_the_measurements() -> None:
+    met = targets(raw_results(slogate_4x=0.76), mu=0.8)
+    assert by_target(met, "slogate goodput at 4x") == ("95%", True)
+    assert by_target(met, "slogate / direct goodput at 4x")[1] is True  # 0.76 vs 0.1
+    short = targets(raw_results(slogate_4x=0.6), mu=0.8)
+    assert by_target(short, "slogate goodput at 4x") == ("75%", False)
+
+
+def test_overhead_targets_compare_with_the_issue_figures() -> None:
+    rows = overhead_targets({
+        "decision": {"median_us": 12.0, "p99_us": 20.0},
+        "sidecar_one_core": {"rejected": {"requests_per_s": 2500.0, "requests": 25000},
+                             "proxied": {"requests_per_s": 900.0, "requests": 9000}},
+    })  # fmt: skip
+    assert [met for _, _, met in rows] == [False, True, False]
+    assert overhead_targets({}) == []
+
+
+def test_the_report_has_every_section_and_the_plots(tmp_path: Path) -> None:
+    profile = smollm2_profile()
+    policy = Policy.model_validate({"slo": {"ttftSeconds": 2.0}})
+    thresholds = derive_thresholds(policy, profile, derived_at=datetime(2026, 1, 1, tzinfo=UTC))
+    out = tmp_path / "benchmarks.md"
+    write_report(raw_results(slogate_4x=0.76), profile, thresholds, out, tmp_path / "bench")
+    text = out.read_text()
+    for heading in ("## Targets", "## Plots", "## 4x offered load (chat)", "## Simulator vs measurement"):
+        assert heading in text
+    row_4x = next(line for line in text.splitlines() if line.startswith("| slogate | 52 |"))
+    assert "| 30 | 2 |" in row_4x  # rejected and refused (never fits) in their own columns
+    for png in ("goodput.png", "ttft_cdf_2x.png", "latency_vs_utilization.png"):
+        assert (tmp_path / "bench" / png).read_bytes().startswith(b"\x89PNG")
+
+
+def test_sampled_lengths_draw_only_their_samples() -> None:
+    lengths = SampledLengths((16, 100, 900))
+    drawn = lengths.draw(np.random.default_rng(1), 3000)
+    assert set(drawn) == {16, 100, 900}
+    assert (lengths.low, lengths.high, lengths.mean) == (16, 900, pytest.approx(1016 / 3))
+    with pytest.raises(ValueError, match="at least one sample"):
+        SampledLengths(())
