@@ -79,7 +79,9 @@ class Scripted:
         if self.then == "500":
             return web.json_response({"error": {"message": "boom"}}, status=500)
         if self.then == "never_fits":
-            return web.json_response({"error": {"message": "too long", "code": "slogate_request_too_large"}}, status=400)
+            return web.json_response(
+                {"error": {"message": "too long", "code": "slogate_request_too_large"}}, status=400
+            )
         if self.then == "400":
             return web.json_response({"error": {"message": "malformed", "code": None}}, status=400)
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
