@@ -23,7 +23,7 @@ from slogate_admission.schema import CalibrationProfile, Policy, Thresholds
 from slogate_admission.service import server_seconds_per_request
 from slogate_bench import scenario as sim
 from slogate_bench.baselines import fair_count_cap
-from slogate_bench.load import DESCRIPTIONS, preset
+from slogate_bench.load import DESCRIPTIONS, Run, preset
 from slogate_bench.simulator import simulate
 
 SCENARIOS = ("direct", "count-cap", "rate-limit", "slogate")
@@ -65,6 +65,41 @@ def _rejection_ms(run: dict[str, Any]) -> str:
     values = run["rejection_latencies"]
     p50, p99 = _quantile(values, 0.5), _quantile(values, 0.99)
     return "-" if p50 is None or p99 is None else f"{p50 * 1000:.1f} / {p99 * 1000:.1f} ms"
+
+
+def demo_plot(runs: dict[str, Run], slo_s: float, path: Path) -> None:
+    """`slogate demo`'s picture: each run's TTFT CDF over all requests sent, and what became of them."""
+    fig, (cdf, bars) = plt.subplots(1, 2, figsize=(11, 4.2))
+    colors = ["#d62728", "#2ca02c", "#1f77b4", "#9467bd"]
+    for (name, run), color in zip(runs.items(), colors, strict=False):
+        ttfts = sorted(r.ttft_s for r in run.results if r.outcome == "ok" and r.ttft_s is not None)
+        if ttfts:
+            cdf.step(
+                ttfts, [(i + 1) / len(run.results) for i in range(len(ttfts))], where="post", label=name, color=color
+            )
+    cdf.axvline(slo_s, linestyle="--", color="grey", label=f"TTFT SLO {slo_s:g} s")
+    cdf.set_xlabel("TTFT (s)")
+    cdf.set_ylabel("fraction of requests sent")
+    cdf.set_title("TTFT of served requests (tops out at the share served)")
+    cdf.legend()
+    names = list(runs)
+    bottoms = [0.0] * len(names)
+    for label, color, count in (
+        ("within SLO", "#2ca02c", lambda r: len(r.within(slo_s))),
+        ("served late", "#ff7f0e", lambda r: r.count("ok") - len(r.within(slo_s))),
+        ("rejected at once", "#7f7f7f", lambda r: r.count("rejected") + r.count("refused")),
+        ("timed out / error", "#d62728", lambda r: r.count("timeout") + r.count("error")),
+    ):
+        heights = [float(count(runs[n])) for n in names]
+        bars.bar(names, heights, bottom=bottoms, label=label, color=color)
+        bottoms = [b + h for b, h in zip(bottoms, heights, strict=True)]
+    bars.set_ylabel("requests")
+    bars.set_title("What became of the same requests")
+    bars.legend()
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
 
 
 def overhead_targets(overhead: dict[str, Any]) -> list[tuple[str, str, bool | None]]:

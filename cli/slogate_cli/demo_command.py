@@ -42,6 +42,7 @@ def add_parser(subparsers: Subcommands) -> None:
     parser.add_argument("--load", type=positive_float, default=3.0, help="offered load, x the derived capacity")
     parser.add_argument("--seconds", type=positive_float, default=20.0, help="length of each burst")
     parser.add_argument("--state-dir", type=Path, default=Path(".slogate"))
+    parser.add_argument("--plot", type=Path, default=Path(".slogate/demo.png"), help="where to write the picture")
     parser.add_argument("--no-progress", action="store_true")
     parser.set_defaults(run=run)
 
@@ -54,6 +55,7 @@ def table(runs: dict[str, Run], slo: float, rate: float) -> Table:
         "sent",
         "within SLO",
         "rejected",
+        "refused",
         "timed out",
         "errors",
         "p50 TTFT",
@@ -63,7 +65,8 @@ def table(runs: dict[str, Run], slo: float, rate: float) -> Table:
         t.add_column(column, justify="right" if column else "left")
     for name, r in runs.items():
         quantiles = [f"{v:.2f} s" if v is not None else "-" for v in (r.ttft_quantile(0.5), r.ttft_quantile(0.99))]
-        counts = [str(n) for n in (len(r.results), len(r.within(slo)), r.count("rejected"), r.count("timeout"))]
+        counts = [str(n) for n in (len(r.results), len(r.within(slo)), r.count("rejected"), r.count("refused"),
+                                   r.count("timeout"))]  # fmt: skip
         t.add_row(name, *counts, str(r.count("error")), *quantiles, f"{r.goodput(slo):.2f} req/s")
     return t
 
@@ -124,4 +127,9 @@ def run(args: argparse.Namespace) -> int:
         sys.stderr.write(f"slogate demo: error: {error}\n")
         return 2
     console.print(table(runs, args.slo_ttft, rate))
+    # Imported here: matplotlib is for the demo and benchmarks, not for every `slogate` command.
+    from slogate_bench.report import demo_plot  # noqa: PLC0415
+
+    demo_plot(runs, args.slo_ttft, args.plot)
+    console.print(f"plot: {args.plot}")
     return 0

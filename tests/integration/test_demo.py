@@ -16,7 +16,8 @@ def test_demo_prints_both_scenarios(calibrated_profile: CalibrationProfile, tmp_
     cache.parent.mkdir(parents=True)
     cache.write_text(calibrated_profile.model_dump_json(by_alias=True))
     done = subprocess.run(
-        [sys.executable, "-m", "slogate_cli.main", "demo", "--seconds", "6", "--state-dir", str(tmp_path)],
+        [sys.executable, "-m", "slogate_cli.main", "demo", "--seconds", "6", "--state-dir", str(tmp_path),
+         "--plot", str(tmp_path / "demo.png")],
         capture_output=True, text=True, check=False, timeout=600,
         env={"COLUMNS": "200", "PATH": "/usr/bin:/bin"},
     )  # fmt: skip
@@ -30,3 +31,5 @@ def test_demo_prints_both_scenarios(calibrated_profile: CalibrationProfile, tmp_
     assert sent > 0
     assert rejected > 0  # 3x the capacity: the gate must refuse some
     assert within > 0
+    assert (tmp_path / "demo.png").read_bytes().startswith(b"\x89PNG")
+    assert f"plot: {tmp_path / 'demo.png'}" in done.stdout.replace("\n", "")
