@@ -370,6 +370,12 @@ class Run:
             return None
         return values[min(len(values) - 1, max(0, round(q * (len(values) - 1))))]
 
+    def time_in_system_mean(self) -> float | None:
+        """Mean seconds from sending to the last token, over completed requests (Little's W,
+        censored: requests whose clients gave up are not in it)."""
+        values = [r.total_s for r in self.results if r.outcome == "ok"]
+        return statistics.fmean(values) if values else None
+
     def rejection_latency_median(self) -> float | None:
         """Median time from sending an attempt to its 429/503, over every rejected attempt."""
         values = [s for r in self.results for s in r.rejection_latencies_s]
@@ -429,6 +435,7 @@ class Run:
             "goodput_rps": self.goodput(slo_s),
             "ttft_p50_s": self.ttft_quantile(0.5),
             "ttft_p99_s": self.ttft_quantile(0.99),
+            "time_in_system_mean_s": self.time_in_system_mean(),
             "rejection_latency_p50_s": self.rejection_latency_median(),
             "offered_rps": self.offered_rate(),
             "effective_rps": self.effective_rate(),
