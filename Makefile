@@ -78,9 +78,10 @@ $(VENV)/.slogate-bench: pyproject.toml | $(VENV)/.slogate-dev
 	command -v wrk >/dev/null || (apt-get update -qq && apt-get install -y -qq wrk)
 	touch $@
 
-# About 15 minutes: writes docs/benchmarks.md and docs/bench/*.png (see bench/slogate_bench/suite.py).
+# About 17 minutes: writes docs/benchmarks.md and docs/bench/*.png (see bench/slogate_bench/suite.py).
 bench: dev llama $(VENV)/.slogate-bench
-	$(PY) -m slogate_bench.overhead > docs/bench/overhead.json
+	mkdir -p docs/bench
+	$(PY) -m slogate_bench.overhead > docs/bench/overhead.json.tmp && mv docs/bench/overhead.json.tmp docs/bench/overhead.json
 	$(PY) -m slogate_bench.suite
 
 clean:

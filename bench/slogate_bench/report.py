@@ -461,7 +461,8 @@ def main() -> None:
     """Re-render docs/benchmarks.md and the plots from a results file, without re-running."""
     parser = argparse.ArgumentParser(description=main.__doc__)
     parser.add_argument("--raw", type=Path, default=Path("docs/bench/results.json"))
-    parser.add_argument("--profile", type=Path, required=True, help="the calibration profile the runs used")
+    parser.add_argument("--profile", type=Path, default=Path("docs/bench/profile.json"),
+                        help="the calibration profile the runs used")  # fmt: skip
     parser.add_argument("--out", type=Path, default=Path("docs/benchmarks.md"))
     args = parser.parse_args()
     raw = json.loads(args.raw.read_text())

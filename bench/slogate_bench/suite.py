@@ -227,6 +227,8 @@ def main() -> None:
     }
     args.raw.parent.mkdir(parents=True, exist_ok=True)
     args.raw.write_text(json.dumps(raw, indent=2, default=str))
+    # The profile beside the results: `python -m slogate_bench.report --profile` re-renders from both.
+    write_atomic(args.raw.parent / "profile.json", full_json(profile))
     write_report(raw, profile, thresholds, args.out, args.raw.parent)
     console.print(f"wrote {args.out} and plots under {args.raw.parent}")
 
