@@ -26,6 +26,7 @@ from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 from rich.console import Console
 from rich.progress import Progress
 
@@ -34,7 +35,7 @@ from slogate_admission.schema import CalibrationProfile, Policy, Thresholds
 from slogate_admission.service import server_seconds_per_request
 from slogate_bench.baselines import fair_count_cap, fair_rate_limit, spawned_baseline
 from slogate_bench.gate_process import GateProcess, spawned_gate
-from slogate_bench.load import NO_RETRY, RetryPolicy, Run, Workload, open_loop, preset
+from slogate_bench.load import NO_RETRY, RetryPolicy, Run, Workload, one_request, open_loop, preset
 from slogate_bench.report import write_report
 from slogate_calibration.calibrate import CalibrationSettings, calibrate, identify_server
 from slogate_calibration.output import full_json, write_atomic
@@ -149,6 +150,29 @@ async def one_run(bench: Bench, scenario: str, load: float, workload: Workload, 
     return Measured(scenario, load, workload.name, retry.kind, run, gate_state)
 
 
+async def paired_overhead(thresholds: Thresholds, log_dir: Path, pairs: int = 30) -> dict[str, float]:
+    """The gate's cost on an idle server: the same request direct and through the gate, in turn.
+
+    One request at a time (no queue), the order alternating within each pair, so drift in
+    the machine's speed hits both sides alike; distinct prompts, so no cache helps.
+    """
+    ttfts: dict[str, list[float]] = {"direct": [], "slogate": []}
+    with LlamaServer(locate(), log_path=log_dir / "paired-overhead.log", niceness=LLAMA_NICENESS) as server:
+        async with spawned_gate(server.url, thresholds, log_dir) as gate:
+            connector = aiohttp.TCPConnector(force_close=True)
+            async with aiohttp.ClientSession(connector=connector) as session:
+                for i in range(pairs):
+                    order = [("direct", server.url), ("slogate", gate.url)]
+                    for name, url in order if i % 2 == 0 else order[::-1]:
+                        start = 1000 + 400 * (2 * i + (name == "slogate"))
+                        prompt = list(range(start, start + 100))
+                        result = await one_request(session, url, prompt, max_tokens=8, class_name=None, timeout_s=10.0)
+                        if result.ttft_s is not None:
+                            ttfts[name].append(result.ttft_s)
+    direct, gated = statistics.median(ttfts["direct"]), statistics.median(ttfts["slogate"])
+    return {"pairs": pairs, "direct_ttft_p50_s": direct, "slogate_ttft_p50_s": gated, "ratio": gated / direct}
+
+
 async def profile_for_bench(state_dir: Path, console: Console) -> CalibrationProfile:
     """The cached profile for the bundled server's fingerprint, else a fresh calibration."""
     with LlamaServer(locate(), log_path=state_dir / "bench-calibration.log") as server:
@@ -165,7 +189,7 @@ async def profile_for_bench(state_dir: Path, console: Console) -> CalibrationPro
 
 async def suite(
     seconds: float, state_dir: Path, console: Console
-) -> tuple[CalibrationProfile, Thresholds, list[Measured]]:
+) -> tuple[CalibrationProfile, Thresholds, list[Measured], dict[str, float]]:
     """Every run of the report."""
     profile = await profile_for_bench(state_dir, console)
     policy = Policy.model_validate({"slo": {"ttftSeconds": SLO_S}, "deferral": {"maxWaitSeconds": 0.5}})
@@ -179,11 +203,13 @@ async def suite(
     results = []
     log_dir = state_dir / "bench-logs"
     log_dir.mkdir(parents=True, exist_ok=True)
+    console.print("overhead: the same requests direct and through the gate, in turn, on an idle server")
+    paired = await paired_overhead(thresholds, log_dir)
     with Progress(console=console, transient=False) as progress:
         for scenario, load, workload, retry in plan:
             bench = Bench(profile, thresholds, seconds, log_dir, progress)
             results.append(await one_run(bench, scenario, load, workload, retry))
-    return profile, thresholds, results
+    return profile, thresholds, results, paired
 
 
 def environment() -> dict[str, str]:
@@ -214,7 +240,7 @@ def main() -> None:
     parser.add_argument("--raw", type=Path, default=Path("docs/bench/results.json"))
     args = parser.parse_args()
     console = Console(width=140)
-    profile, thresholds, results = asyncio.run(suite(args.seconds, args.state_dir, console))
+    profile, thresholds, results, paired = asyncio.run(suite(args.seconds, args.state_dir, console))
     overhead_file = args.raw.parent / "overhead.json"  # `make bench` measures it first
     raw = {
         "environment": environment(),
@@ -223,6 +249,7 @@ def main() -> None:
         "seconds": args.seconds,
         "llama_niceness": LLAMA_NICENESS,
         "overhead": json.loads(overhead_file.read_text()) if overhead_file.exists() else {},
+        "paired_overhead": paired,
         "runs": [m.row() for m in results],
     }
     args.raw.parent.mkdir(parents=True, exist_ok=True)
