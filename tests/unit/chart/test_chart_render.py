@@ -1,0 +1,204 @@
+"""The chart renders for its defaults and every ci/ values file, into what it promises."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import helm_python
+import pytest
+from chart_tools import CHART, CI_VALUES, NAMESPACE, Rendered, load_values, notes, one, render
+
+RESTRICTED = {
+    "runAsNonRoot": True,
+    "allowPrivilegeEscalation": False,
+    "readOnlyRootFilesystem": True,
+    "capabilities": {"drop": ["ALL"]},
+    "seccompProfile": {"type": "RuntimeDefault"},
+}
+
+
+def containers(obj: dict[str, Any]) -> list[dict[str, Any]]:
+    spec = obj["spec"]["template"]["spec"]
+    return [*spec.get("initContainers", []), *spec["containers"]]
+
+
+@pytest.fixture(params=[None, *CI_VALUES], ids=lambda p: p.name if p else "default")
+def rendered(request: pytest.FixtureRequest) -> tuple[dict[str, Any], list[Rendered]]:
+    values = load_values(request.param) if request.param else {}
+    return values, render(values)
+
+
+def test_every_container_runs_restricted(rendered: tuple[dict[str, Any], list[Rendered]]) -> None:
+    _, objects = rendered
+    workloads = [o for o in objects if o.kind in {"Deployment", "StatefulSet", "DaemonSet", "Job"}]
+    assert workloads
+    for workload in workloads:
+        pod = workload.obj["spec"]["template"]["spec"]
+        assert pod["securityContext"]["runAsNonRoot"] is True
+        assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+        for container in containers(workload.obj):
+            context = container["securityContext"]
+            assert {k: context.get(k) for k in RESTRICTED} == RESTRICTED, container["name"]
+            assert context["runAsUser"] != 0
+            # A read-only root needs somewhere to write: /tmp is an emptyDir.
+            assert any(m["mountPath"] == "/tmp" for m in container["volumeMounts"])
+
+
+def test_objects_are_named_for_the_release_and_land_in_its_namespace(
+    rendered: tuple[dict[str, Any], list[Rendered]],
+) -> None:
+    values, objects = rendered
+    cluster_scoped = {"ClusterRole", "ClusterRoleBinding", "ClusterKopfPeering"}
+    watched = values.get("operator", {}).get("watch", {}).get("namespaces", [])
+    for o in objects:
+        namespace = o.obj["metadata"].get("namespace")
+        if o.kind in cluster_scoped:
+            assert namespace is None, o.kind
+        elif o.kind in {"Role", "RoleBinding", "KopfPeering"}:
+            assert namespace in watched, (o.kind, namespace)
+        elif o.kind == "ConfigMap" and o.name.endswith("-dashboard"):
+            assert namespace in {NAMESPACE, values.get("monitoring", {}).get("dashboard", {}).get("namespace")}
+        else:
+            assert namespace == NAMESPACE, (o.kind, o.name)
+        assert o.obj["metadata"]["labels"]["app.kubernetes.io/instance"] == "slogate"
+    keys = [(o.kind, o.obj["metadata"].get("namespace"), o.name) for o in objects]
+    assert len(keys) == len(set(keys)), "two objects share kind, namespace and name"
+
+
+def test_operator_runs_two_peered_replicas_with_its_settings_in_the_environment() -> None:
+    objects = render()
+    deployment = one(objects, "Deployment", "-operator").obj
+    assert deployment["spec"]["replicas"] == 2
+    pod = deployment["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    assert container["image"] == "ghcr.io/slogate/slogate:0.1.0"
+    assert container["args"][0] == "operator"
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert env["SLOGATE_OPERATOR_PEERING"] == "slogate"
+    assert env["SLOGATE_OPERATOR_NAMESPACES"] == ""  # cluster-wide
+    assert env["SLOGATE_OPERATOR_IMAGE"] == "ghcr.io/slogate/slogate:0.1.0"
+    assert env["SLOGATE_OPERATOR_ADMIN_TOKEN_SECRET"] == "slogate-admin-token"
+    assert pod["serviceAccountName"] == one(objects, "ServiceAccount").name
+    # The peering object the replicas share exists, cluster-scoped for a cluster-wide operator.
+    assert one(objects, "ClusterKopfPeering").name == env["SLOGATE_OPERATOR_PEERING"]
+    # Drains keep one replica; the scheduler is asked to spread them.
+    assert one(objects, "PodDisruptionBudget").obj["spec"]["minAvailable"] == 1
+    assert "podAntiAffinity" in pod["affinity"]
+    # The probe and the metrics port match the operator's settings.
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    assert ports == {
+        "health": int(env["SLOGATE_OPERATOR_LIVENESS_PORT"]),
+        "metrics": int(env["SLOGATE_OPERATOR_METRICS_PORT"]),
+    }
+    assert container["livenessProbe"]["httpGet"]["port"] == "health"
+
+
+def test_namespaced_operator_gets_roles_and_peerings_only_where_it_watches() -> None:
+    objects = render(load_values(CHART / "ci" / "namespaced-values.yaml"))
+    deployment = one(objects, "Deployment", "-operator").obj
+    env = {e["name"]: e.get("value") for e in deployment["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert env["SLOGATE_OPERATOR_NAMESPACES"] == "llm,llm-batch"
+    assert sorted(o.obj["metadata"]["namespace"] for o in objects if o.kind == "Role") == ["llm", "llm-batch"]
+    assert sorted(o.obj["metadata"]["namespace"] for o in objects if o.kind == "KopfPeering") == ["llm", "llm-batch"]
+    assert not [o for o in objects if o.kind == "ClusterKopfPeering"]
+    # The ClusterRole keeps only CRD discovery: no cluster-wide reach into workloads.
+    cluster_role = one(objects, "ClusterRole").obj
+    assert [r["resources"] for r in cluster_role["rules"]] == [["customresourcedefinitions"]]
+    assert deployment["spec"]["template"]["spec"]["containers"][0]["image"].endswith(
+        "@sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"
+    )
+
+
+def test_rbac_grants_what_the_operator_calls_and_nothing_else() -> None:
+    """The rules equal the operator's documented calls (docs/operator.md)."""
+    rules = one(render(), "ClusterRole").obj["rules"]
+    granted = {
+        (group, resource, verb)
+        for rule in rules
+        for group in rule["apiGroups"]
+        for resource in rule["resources"]
+        for verb in rule["verbs"]
+    }
+    assert "*" not in {g for g, _, _ in granted}
+    assert "*" not in {v for _, _, v in granted}
+    assert granted == expected_operator_calls()
+
+
+def expected_operator_calls() -> set[tuple[str, str, str]]:
+    """The operator's API calls: the brief's list until docs/operator.md has the table."""
+    calls = {
+        ("slogate.dev", "admissionpolicies", ("get", "list", "watch", "patch")),
+        ("slogate.dev", "admissionpolicies/status", ("get", "patch")),
+        ("slogate.dev", "admissionpolicies/finalizers", ("get", "patch")),
+        ("apps", "deployments", ("get", "list", "watch", "patch")),
+        ("", "pods", ("get", "list", "watch")),
+        ("batch", "jobs", ("create", "get", "list", "watch", "delete")),
+        ("", "configmaps", ("get", "list", "create", "patch")),
+        ("", "secrets", ("get", "create")),
+        ("", "events", ("create",)),
+        ("events.k8s.io", "events", ("create",)),
+        ("kopf.dev", "clusterkopfpeerings", ("get", "list", "watch", "patch")),
+        ("apiextensions.k8s.io", "customresourcedefinitions", ("list", "watch")),
+    }
+    return {(g, r, v) for g, r, verbs in calls for v in verbs}
+
+
+def test_monitoring_objects_follow_their_switches() -> None:
+    kinds = {o.kind for o in render()}
+    assert {"PodMonitor", "ServiceMonitor", "PrometheusRule", "ConfigMap", "Service"} <= kinds
+    for key, kind in (("podMonitor", "PodMonitor"), ("serviceMonitor", "ServiceMonitor"),
+                      ("prometheusRule", "PrometheusRule"), ("dashboard", "ConfigMap")):  # fmt: skip
+        left = {o.kind for o in render({"monitoring": {key: {"enabled": False}}})}
+        assert kind not in left, key
+        assert (kinds - {kind, "Service"}) <= left  # the others stay (the Service belongs to the ServiceMonitor)
+
+
+def test_pod_monitor_scrapes_the_sidecar_admin_port_and_labels_the_workload() -> None:
+    spec = one(render(), "PodMonitor").obj["spec"]
+    assert spec["selector"] == {"matchExpressions": [{"key": "slogate.dev/policy", "operator": "Exists"}]}
+    assert spec["namespaceSelector"] == {"any": True}
+    (endpoint,) = spec["podMetricsEndpoints"]
+    assert endpoint["port"] == "slogate-admin"
+    assert endpoint["path"] == "/metrics"
+    targets = [r["targetLabel"] for r in endpoint["relabelings"]]
+    assert targets.count("workload") == 2  # from the ReplicaSet, else the controller
+    assert targets.count("policy") == 1  # from the pod's slogate.dev/policy label
+    service_monitor = one(render(), "ServiceMonitor").obj["spec"]
+    service = one(render(), "Service").obj["spec"]
+    assert service_monitor["endpoints"][0]["port"] == service["ports"][0]["name"] == "metrics"
+    # The operator's per-policy series keep their own namespace label.
+    assert service_monitor["endpoints"][0]["honorLabels"] is True
+    assert service_monitor["selector"]["matchLabels"].items() <= service["selector"].items()
+
+
+def test_values_schema_refuses_what_would_break_the_install() -> None:
+    bad: list[dict[str, Any]] = [
+        {"operator": {"replicas": 0}},
+        {"alerts": {"sheddingWarning": {"ratio": 1.5}}},
+        {"alerts": {"sheddingCritical": {"for": "five minutes"}}},
+        {"alerts": {"groupBy": []}},
+        {"monitoring": {"podMonitor": {"enabeld": True}}},  # a typo is an error, not a no-op
+        {"image": {"pullPolicy": "Sometimes"}},
+    ]
+    chart = helm_python.Chart.load(str(CHART))
+    try:
+        for values in bad:
+            with pytest.raises(helm_python.HelmError, match="schema"):
+                chart.render(values, name="slogate", namespace=NAMESPACE)
+    finally:
+        chart.close()
+
+
+def test_watching_listed_namespaces_needs_a_list() -> None:
+    with pytest.raises(helm_python.HelmError, match=r"operator\.watch\.namespaces must list"):
+        render({"operator": {"watch": {"allNamespaces": False, "namespaces": []}}})
+
+
+def test_notes_say_what_to_do_next() -> None:
+    text = notes()
+    assert "kubectl apply -f examples/" in text
+    assert "kubectl get admissionpolicies" in text
+    assert "8081" in text
+    assert "PrometheusRule slogate-alerts" in text
+    quiet = notes(load_values(CHART / "ci" / "no-monitoring-values.yaml"))
+    assert "nothing pages on shedding" in quiet

@@ -1,0 +1,81 @@
+"""The Grafana dashboard: every query parses (promtool) and reads only exported metrics."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import yaml
+from chart_tools import CHART, concrete, dashboard, dashboard_exprs, one, render, run_promtool
+from sidecar_exposition import unknown_references
+
+
+def test_dashboard_configmap_carries_grafanas_sidecar_label_and_the_file_verbatim() -> None:
+    configmap = one(render(), "ConfigMap", "-dashboard")
+    assert configmap.obj["metadata"]["labels"]["grafana_dashboard"] == "1"
+    assert configmap.obj["data"]["slogate.json"].strip() == (CHART / "dashboards" / "slogate.json").read_text().strip()
+    elsewhere = one(render({"monitoring": {"dashboard": {"namespace": "monitoring"}}}), "ConfigMap", "-dashboard")
+    assert elsewhere.obj["metadata"]["namespace"] == "monitoring"
+
+
+def test_every_query_parses_as_promql(tmp_path: Path) -> None:
+    """promtool has no offline `query` parser; a recording rule per query is parsed the same way."""
+    exprs = list(dashboard_exprs(dashboard()))
+    rules = [{"record": f"slogate_dashboard:query_{i}", "expr": concrete(expr)} for i, (_, expr) in enumerate(exprs)]
+    path = tmp_path / "dashboard-queries.yaml"
+    path.write_text(yaml.safe_dump({"groups": [{"name": "dashboard", "rules": rules}]}))
+    checked = run_promtool("check", "rules", str(path))
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    assert f"SUCCESS: {len(rules)} rules found" in checked.stdout
+
+
+def test_a_broken_query_is_caught(tmp_path: Path) -> None:
+    """The parse check can fail: an unbalanced query is refused."""
+    path = tmp_path / "broken.yaml"
+    broken = concrete('sum by (class) (rate(slogate_requests_total{namespace=~"$namespace"}[$__rate_interval])')
+    path.write_text(yaml.safe_dump({"groups": [{"name": "d", "rules": [{"record": "x:y", "expr": broken}]}]}))
+    assert run_promtool("check", "rules", str(path)).returncode != 0
+
+
+def test_queries_read_only_metrics_and_labels_the_sidecar_exports() -> None:
+    problems = {where: unknown_references(expr) for where, expr in dashboard_exprs(dashboard())}
+    assert {where: p for where, p in problems.items() if p} == {}
+
+
+def test_dashboard_shows_what_the_issue_asks_for() -> None:
+    """Decisions by reason and class, rejection ratio, queued tokens, predicted vs actual
+    TTFT, SLO attainment, thresholds and calibration changes: each has a panel."""
+    board = dashboard()
+    by_metric: dict[str, list[str]] = {}
+    for where, expr in dashboard_exprs(board):
+        for word in expr.replace("(", " ").replace("{", " ").split():
+            if word.startswith("slogate_"):
+                by_metric.setdefault(word, []).append(where)
+    wanted = {
+        "slogate_decisions_total",  # decisions by reason and class
+        "slogate_requests_total",  # rejection ratio
+        "slogate_deferral_outcomes_total",  # ... including deferrals that timed out
+        "slogate_queued_prefill_tokens",
+        "slogate_threshold_token_budget",
+        "slogate_ttft_predicted_seconds_bucket",
+        "slogate_ttft_actual_seconds_bucket",
+        "slogate_ttft_prediction_error_ratio_bucket",
+        "slogate_slo_requests_total",  # SLO attainment
+        "slogate_thresholds_info",  # which calibration is in force
+        "slogate_threshold_updates_total",  # calibration / threshold changes
+        "slogate_upstream_up",
+        "slogate_thresholds_loaded",
+    }
+    assert wanted - set(by_metric) == set()
+    reasons = [e for _, e in dashboard_exprs(board) if "slogate_decisions_total" in e]
+    assert any("by (reason, class)" in e for e in reasons)
+    assert board["uid"] == "slogate-admission"
+    names = [v["name"] for v in board["templating"]["list"]]
+    assert names == ["datasource", "namespace", "workload"]
+    # Panels do not overlap on Grafana's 24-column grid.
+    cells: set[tuple[int, int]] = set()
+    for panel in board["panels"]:
+        g = panel["gridPos"]
+        mine = {(x, y) for x in range(g["x"], g["x"] + g["w"]) for y in range(g["y"], g["y"] + g["h"])}
+        assert g["x"] + g["w"] <= 24, panel["title"]
+        assert not cells & mine, f"panel {panel['title']!r} overlaps another"
+        cells |= mine
