@@ -16,6 +16,7 @@ from builders import NOW, smollm2_profile
 from slogate_admission.decision import GateConfig, LiveState, Request, decide
 from slogate_admission.derivation import derive_thresholds
 from slogate_admission.schema import Policy
+from slogate_operator import metrics as operator_metrics
 from slogate_sidecar.metrics import SidecarMetrics
 
 # Labels Prometheus adds at scrape time (PodMonitor relabelling), not the sidecar.
@@ -56,11 +57,9 @@ def sidecar_samples() -> dict[str, frozenset[tuple[str, str]]]:
 @cache
 def operator_samples() -> dict[str, frozenset[str]]:
     """Sample name -> label names, for every metric of the operator's registry."""
-    from slogate_operator import metrics
-
     suffixes = {"counter": ("_total", "_created"), "gauge": ("",), "histogram": ("_bucket", "_count", "_sum")}
     found: dict[str, frozenset[str]] = {}
-    for metric in metrics.ALL:
+    for metric in operator_metrics.ALL:
         for family in metric.describe():
             for suffix in suffixes[family.type]:
                 found[family.name + suffix] = frozenset(metric._labelnames)

@@ -149,7 +149,10 @@ def test_shedding_compares_each_policy_with_its_own_figures_and_falls_back_to_th
     """Default: the operator's per-policy spec.alerting ratios; the fallback equals the
     CRD's defaults; a fixed ratio in the values replaces both."""
     rules = alerts_by_name(rule_groups())
-    for name, severity, fallback in (("SlogateSheddingWarning", "warning", 0.05), ("SlogateSheddingCritical", "critical", 0.25)):
+    for name, severity, fallback in (
+        ("SlogateSheddingWarning", "warning", 0.05),
+        ("SlogateSheddingCritical", "critical", 0.25),
+    ):
         expr = rules[name]["expr"]
         assert f'slogate_operator_alerting_rejection_ratio{{severity="{severity}"}}' in expr
         assert f"+ {fallback}\n" in expr
@@ -161,11 +164,14 @@ def test_shedding_compares_each_policy_with_its_own_figures_and_falls_back_to_th
 
 
 def test_per_policy_thresholds_need_policy_in_group_by() -> None:
-    with pytest.raises(helm_python.HelmError, match="alerts.groupBy must include namespace and policy"):
+    with pytest.raises(helm_python.HelmError, match=r"alerts\.groupBy must include namespace and policy"):
         rule_groups({"alerts": {"groupBy": ["namespace", "workload"]}})
-    fixed = {"ratio": 0.05}
-    groups = rule_groups({"alerts": {"groupBy": ["namespace", "workload"], "sheddingWarning": fixed,
-                                     "sheddingCritical": {"ratio": 0.25}}})  # fmt: skip
+    fixed = {
+        "groupBy": ["namespace", "workload"],
+        "sheddingWarning": {"ratio": 0.05},
+        "sheddingCritical": {"ratio": 0.25},
+    }
+    groups = rule_groups({"alerts": fixed})
     assert "sum by (namespace, workload)" in alerts_by_name(groups)["SlogateSheddingWarning"]["expr"]
 
 
