@@ -1,13 +1,16 @@
 """The admin API: thresholds in, state out, and /metrics. Served on its own port.
 
 PUT needs the bearer token from the token file (re-read on every call, so a rotated
-Kubernetes Secret takes effect without a restart), compared in constant time. A
-push is validated whole and swapped in one assignment, or refused with the last
-good thresholds kept.
+Kubernetes Secret takes effect without a restart), compared in constant time: both
+sides are hashed to 32 bytes first, so neither where they differ nor their lengths
+show in the time taken. A push is validated whole and swapped in one assignment, or
+refused with the last good thresholds kept.
 """
 
 from __future__ import annotations
 
+import asyncio
+import hashlib
 import hmac
 import logging
 import time
@@ -30,15 +33,18 @@ def authorized(sidecar: Sidecar, request: web.Request) -> bool:
     if path is None:
         return False
     try:
-        expected = path.read_text().strip().encode()
+        expected = path.read_bytes().strip()
     except OSError:
         log.error("admin token file %s unreadable: refusing admin writes", path)
         return False
     given = request.headers.get("Authorization", "")
     if not expected or not given.startswith("Bearer "):
         return False
-    # compare_digest takes time independent of where the bytes differ.
-    return hmac.compare_digest(given[7:].strip().encode(), expected)
+    # aiohttp keeps undecodable header bytes as surrogates: encode them back, never fail.
+    offered = given[7:].strip().encode("utf-8", "surrogateescape")
+    # compare_digest takes time independent of where the bytes differ, but returns at
+    # once when the lengths differ: equal-length digests hide the token's length too.
+    return hmac.compare_digest(hashlib.sha256(offered).digest(), hashlib.sha256(expected).digest())
 
 
 async def put_thresholds(sidecar: Sidecar, request: web.Request) -> web.Response:
@@ -46,9 +52,18 @@ async def put_thresholds(sidecar: Sidecar, request: web.Request) -> web.Response
     if not authorized(sidecar, request):
         return responses.error(401, "missing or wrong bearer token", kind="authentication_error",
                                headers={"WWW-Authenticate": 'Bearer realm="slogate"'})  # fmt: skip
-    raw = await request.content.read(MAX_THRESHOLDS_BYTES + 1)
-    if len(raw) > MAX_THRESHOLDS_BYTES:
-        return responses.error(413, "thresholds document too large", kind="invalid_request_error")
+    try:
+        # request.read() reads the whole body (content.read(n) may stop at any chunk
+        # boundary) and raises 413 past the app's client_max_size.
+        async with asyncio.timeout(sidecar.settings.client_read_timeout_s):  # a stalled push: 408
+            raw = await request.read()
+    except web.HTTPRequestEntityTooLarge:
+        return responses.error(413, f"thresholds document over {MAX_THRESHOLDS_BYTES} bytes",
+                               kind="invalid_request_error", code="body_too_large")  # fmt: skip
+    except TimeoutError:
+        return responses.request_timeout()
+    except responses.BODY_ERRORS as broken:
+        return responses.unreadable_body(broken)
     try:
         thresholds = Thresholds.model_validate_json(raw)
     except ValidationError as invalid:

@@ -18,11 +18,12 @@ from functools import partial
 
 import aiohttp
 from aiohttp import web
+from aiohttp.typedefs import Handler
 from pydantic import ValidationError
 
 from slogate_admission.schema import Thresholds
 from slogate_calibration.prometheus_text import LlamaCounters, MetricsError
-from slogate_sidecar import admin, responses
+from slogate_sidecar import admin, openapi, responses
 from slogate_sidecar.gate import Gate
 from slogate_sidecar.metrics import SidecarMetrics
 from slogate_sidecar.proxy import InferenceProxy, passthrough
@@ -46,9 +47,49 @@ def build_sidecar(settings: SidecarSettings) -> Sidecar:
         except (OSError, ValidationError) as problem:
             # Not ready rather than guessing: readiness keeps traffic away until a push.
             log.error("thresholds file %s unusable, not ready until thresholds are pushed: %s",
-                      settings.thresholds_file, str(problem).splitlines()[0])  # fmt: skip
+                      settings.thresholds_file, boot_problem(problem))  # fmt: skip
     return sidecar
 
+
+def boot_problem(problem: OSError | ValidationError) -> str:
+    """One line saying what is wrong with the boot thresholds file."""
+    if isinstance(problem, OSError):
+        return problem.strerror or str(problem)
+    first = problem.errors()[0]
+    where = ".".join(str(p) for p in first["loc"]) or "(document)"
+    more = f" (and {problem.error_count() - 1} more problems)" if problem.error_count() > 1 else ""
+    return f"{where}: {first['msg']}{more}"
+
+
+@web.middleware
+async def json_errors(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """aiohttp's own refusals (404, 405, 413) as OpenAI-style JSON, like every other error;
+    an unexpected exception is logged whole and answered with a JSON 500."""
+    try:
+        return await handler(request)
+    except web.HTTPException as refusal:
+        if refusal.status < 400:
+            raise
+        message = f"{refusal.reason}: {request.method} {request.path}"
+        if refusal.status == 404:
+            message += " is not an endpoint of the slogate sidecar"
+        kept = {k: v for k, v in refusal.headers.items() if k.lower() in ("allow", "retry-after")}
+        return responses.error(refusal.status, message, kind="invalid_request_error",
+                               code=refusal.reason.lower().replace(" ", "_"), headers=kept)  # fmt: skip
+    except Exception:
+        log.exception("unexpected error handling %s %s", request.method, request.path)
+        return responses.error(500, "internal error in the slogate sidecar (logged)", kind="server_error",
+                               code="internal_error")  # fmt: skip
+
+
+MAX_LINE_BYTES = 8190
+"""Longest request line or header field (aiohttp answers 400 beyond)."""
+MAX_HEADERS = 100
+"""Most header fields in one request (aiohttp answers 400 beyond)."""
+LINGER_S = 1.0
+"""After answering a request whose body was not read whole (413, 408, an early 503),
+aiohttp reads and discards the rest so the client sees the answer rather than a reset;
+for this long at most (its default, 10 s, would let a stalled client hold the connection)."""
 
 SLOW_POLLS_BEFORE_DOWN = 3
 """A saturated llama-server may answer /health late; only a refused connection, a
@@ -81,7 +122,7 @@ async def poll_upstream(sidecar: Sidecar) -> None:
 
 def proxy_app(sidecar: Sidecar) -> web.Application:
     """The client-facing application."""
-    app = web.Application(client_max_size=sidecar.settings.max_body_bytes)
+    app = web.Application(client_max_size=sidecar.settings.max_body_bytes, middlewares=[json_errors])
     inference = InferenceProxy(sidecar)
     for route in Route:
         app.router.add_post(route.value, inference.handle)
@@ -112,8 +153,9 @@ def proxy_app(sidecar: Sidecar) -> web.Application:
 
 def admin_app(sidecar: Sidecar) -> web.Application:
     """The operator- and Prometheus-facing application."""
-    app = web.Application(client_max_size=admin.MAX_THRESHOLDS_BYTES + 1)
+    app = web.Application(client_max_size=admin.MAX_THRESHOLDS_BYTES, middlewares=[json_errors])
     app.router.add_put("/slogate/v1/thresholds", partial(admin.put_thresholds, sidecar))
+    app.router.add_get(openapi.OPENAPI_PATH, openapi.get_openapi)
     app.router.add_get("/slogate/v1/state", partial(admin.get_state, sidecar))
     app.router.add_get("/metrics", partial(admin.get_metrics, sidecar))
     return app
@@ -130,10 +172,13 @@ async def running(sidecar: Sidecar) -> AsyncIterator[tuple[int, int]]:
     poller = asyncio.create_task(poll_upstream(sidecar))
     # handler_cancellation: a client that disconnects cancels its handler, which closes
     # the upstream request (llama-server then aborts the generation) and releases the ticket.
+    # keepalive_timeout also closes a connection whose request line and headers have not
+    # all arrived in that long (aiohttp arms it at connect): slowloris on the headers.
     runners = [
-        web.AppRunner(proxy_app(sidecar), handler_cancellation=True, access_log=None,
-                      max_line_size=8190, max_field_size=8190, max_headers=100),
-        web.AppRunner(admin_app(sidecar), access_log=None),
+        web.AppRunner(app, handler_cancellation=True, access_log=None, keepalive_timeout=settings.client_read_timeout_s,
+                      lingering_time=LINGER_S, max_line_size=MAX_LINE_BYTES, max_field_size=MAX_LINE_BYTES,
+                      max_headers=MAX_HEADERS)
+        for app in (proxy_app(sidecar), admin_app(sidecar))
     ]  # fmt: skip
     try:
         ports = []

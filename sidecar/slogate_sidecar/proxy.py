@@ -84,12 +84,7 @@ class InferenceProxy:
             )  # fmt: skip
             return self._one_generation(parsed)
         except TimeoutError:
-            return responses.error(
-                408,
-                "request body not received in time",
-                kind="invalid_request_error",
-                code="request_timeout",
-            )
+            return responses.request_timeout()
         except web.HTTPRequestEntityTooLarge:
             return responses.error(
                 413, f"request body over {settings.max_body_bytes} bytes", kind="invalid_request_error",
@@ -97,11 +92,14 @@ class InferenceProxy:
             )  # fmt: skip
         except BadRequest as bad:
             return web.json_response(bad.body(), status=bad.status)
+        except responses.BODY_ERRORS as broken:  # a malformed chunked or compressed body
+            return responses.unreadable_body(broken)
 
     @staticmethod
     def _one_generation(parsed: ParsedRequest) -> ParsedRequest | web.Response:
         """One request, one stream: the accounting (slots, KV, queue) depends on it."""
-        if parsed.prompt_count == 1 and parsed.body.get("n", 1) in (1, None):
+        n = parsed.body.get("n")
+        if parsed.prompt_count == 1 and (n is None or (type(n) in (int, float) and n == 1)):
             return parsed
         return responses.error(
             400, "slogate gates one generation per request: send one prompt, with n = 1",
@@ -110,7 +108,8 @@ class InferenceProxy:
         )  # fmt: skip
 
     def _output_tokens(self, parsed: ParsedRequest) -> int:
-        """n_out per policy: max_tokens, the route's learned quantile, or the default."""
+        """n_out per policy: max_tokens, the route's learned quantile, or the default; at least 1,
+        because llama-server generates one token even when asked for 0 (the reservation must hold)."""
         thresholds = self.sc.gate.thresholds
         assert thresholds is not None  # the gate is ready
         policy = thresholds.output_tokens
@@ -119,12 +118,13 @@ class InferenceProxy:
             if policy.estimate is OutputTokenEstimate.ROUTE_QUANTILE
             else None
         )
-        return estimate_output_tokens(
+        estimate = estimate_output_tokens(
             policy.estimate,
             max_tokens=parsed.max_tokens,
             default=policy.default,
             route_quantile=learned,
         )
+        return max(1, estimate)
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
         """Decide on one arrival, then serve or refuse it."""
@@ -141,19 +141,31 @@ class InferenceProxy:
         n_out = self._output_tokens(parsed)
         tokens_per_char = (sc.gate.thresholds and sc.gate.thresholds.tokens_per_char) or FALLBACK_TOKENS_PER_CHAR
         estimated_n_in = estimate_prompt_tokens(parsed, tokens_per_char)
-        n_in = estimated_n_in
-        if sc.settings.prompt_counting is PromptCounting.TOKENIZE and parsed.prompt_token_count is None:
-            # n_in only makes matters worse: if even an empty prompt is refused, refuse
-            # now, without an upstream call (rejections must stay cheap).
-            pre = sc.gate.decide(Request(0, n_out, class_name))
-            if pre.outcome is Outcome.REJECT:
-                sc.metrics.record_decision(pre, 0.0)
-                return responses.rejection(pre)
-            try:
-                n_in = await count_prompt_tokens(sc.client, sc.settings.upstream, parsed)
-            except (aiohttp.ClientError, TimeoutError, KeyError, ValueError) as failure:
-                return self._upstream_failure(failure, started=False)
+        n_in = await self._prompt_tokens(parsed, Request(0, n_out, class_name), estimated_n_in)
+        if isinstance(n_in, web.Response):
+            return n_in
         return await self._decide_and_serve(request, parsed, Request(n_in, n_out, class_name), arrived, estimated_n_in)
+
+    async def _prompt_tokens(self, parsed: ParsedRequest, empty: Request, estimated: int) -> int | web.Response:
+        """n_in: the estimate, or llama-server's exact count; or the answer that ends the request."""
+        sc = self.sc
+        if sc.settings.prompt_counting is not PromptCounting.TOKENIZE or parsed.prompt_token_count is not None:
+            return estimated
+        # n_in only makes matters worse: if even an empty prompt is refused, refuse
+        # now, without an upstream call (rejections must stay cheap).
+        pre = sc.gate.decide(empty)
+        if pre.outcome is Outcome.REJECT:
+            sc.metrics.record_decision(pre, 0.0)
+            return responses.rejection(pre)
+        try:
+            return await count_prompt_tokens(sc.client, sc.settings.upstream, parsed, self._timeout())
+        except aiohttp.ClientResponseError as refused:
+            if 400 <= refused.status < 500:  # llama-server refused this prompt: the client's problem
+                return responses.error(400, f"llama-server cannot tokenize this prompt: {refused.message}",
+                                       kind="invalid_request_error", code="invalid_prompt")  # fmt: skip
+            return self._upstream_failure(refused, started=False)
+        except (aiohttp.ClientError, TimeoutError, KeyError, ValueError) as failure:
+            return self._upstream_failure(failure, started=False)
 
     async def _decide_and_serve(
         self,
@@ -196,14 +208,10 @@ class InferenceProxy:
         headers = {"X-Slogate-Class": ex.decision.class_name}
         if ex.decision.clamped:
             headers["X-Slogate-Degraded"] = f"max_tokens={ex.decision.output_tokens}"
-        timeout = aiohttp.ClientTimeout(
-            total=None,
-            sock_connect=sc.settings.upstream_connect_timeout_s,
-            sock_read=sc.settings.upstream_read_timeout_s,
-        )
         response: web.StreamResponse | None = None
         try:
-            async with sc.client.post(sc.settings.upstream + ex.route.value, json=body, timeout=timeout) as upstream:
+            async with sc.client.post(sc.settings.upstream + ex.route.value, json=body,
+                                      timeout=self._timeout()) as upstream:  # fmt: skip
                 if upstream.status >= 400:
                     payload = await upstream.read()
                     status = upstream.status if upstream.status < 500 else 502
@@ -252,6 +260,10 @@ class InferenceProxy:
                 pass
             return response
 
+    def _timeout(self) -> aiohttp.ClientTimeout:
+        """Per upstream call: connect, then any silence longer than the read timeout, fails."""
+        return upstream_timeout(self.sc)
+
     def _observe(self, ex: Exchange, line: bytes, *, parse_all: bool) -> dict[str, Any] | None:
         """Parse an SSE line when needed: until the first token, at the end, or always."""
         if not line.startswith(b"data: ") or line.startswith(b"data: [DONE]"):
@@ -259,7 +271,12 @@ class InferenceProxy:
         final = b'"usage"' in line or b'"stop":true' in line
         if not (parse_all or final or ex.first_token_at is None):
             return None
-        chunk: dict[str, Any] = json.loads(line[6:])
+        try:
+            chunk: dict[str, Any] = json.loads(line[6:])
+        except ValueError:  # not JSON: relayed as it is, but it tells the gate nothing
+            return None
+        if not isinstance(chunk, dict):
+            return None
         if ex.first_token_at is None and carries_token(ex.route, chunk):
             ex.first_token_at = time.monotonic()
             self.sc.gate.first_token(ex.ticket)
@@ -325,14 +342,36 @@ class InferenceProxy:
             sc.prompt_error.counted.observe((counted_n_in - prompt_tokens) / prompt_tokens)
 
 
+def upstream_timeout(sidecar: Sidecar) -> aiohttp.ClientTimeout:
+    """Connect within the connect timeout; then any silence past the read timeout fails (504)."""
+    return aiohttp.ClientTimeout(
+        total=None,
+        sock_connect=sidecar.settings.upstream_connect_timeout_s,
+        sock_read=sidecar.settings.upstream_read_timeout_s,
+    )
+
+
 async def passthrough(sidecar: Sidecar, request: web.Request) -> web.StreamResponse:
     """Forward a request as is (GET /v1/models, /health; llama-server's admin API if enabled)."""
     try:
+        async with asyncio.timeout(sidecar.settings.client_read_timeout_s):
+            data = await request.read()
+    except TimeoutError:
+        return responses.request_timeout()
+    except web.HTTPRequestEntityTooLarge:
+        return responses.error(413, f"request body over {sidecar.settings.max_body_bytes} bytes",
+                               kind="invalid_request_error", code="body_too_large")  # fmt: skip
+    except responses.BODY_ERRORS as broken:
+        return responses.unreadable_body(broken)
+    try:
         async with sidecar.client.request(
-            request.method, sidecar.settings.upstream + request.path_qs, data=await request.read(),
+            request.method, sidecar.settings.upstream + request.path_qs, data=data,
             headers={k: v for k, v in request.headers.items() if k.lower() in ("content-type", "accept")},
+            timeout=upstream_timeout(sidecar),
         ) as upstream:  # fmt: skip
             payload = await upstream.read()
             return web.Response(body=payload, status=upstream.status, content_type=upstream.content_type)
-    except (aiohttp.ClientError, TimeoutError):
+    except (TimeoutError, aiohttp.ServerTimeoutError):
+        return responses.error(504, "upstream llama-server timed out", kind="server_error", code="upstream_timeout")
+    except aiohttp.ClientError:
         return responses.not_ready("upstream llama-server is unavailable")

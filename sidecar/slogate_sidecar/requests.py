@@ -16,19 +16,32 @@ Facts about this llama-server build that shape the rules (checked against the bi
 * ``max_tokens: 0`` / ``n_predict: 0`` still generate one token upstream.
 * A prompt that is an array of strings is a *batch*: one result (and one slot) per
   string; an array of integers is one prompt given as token ids.
-* ``null`` for an optional field means "absent", as both OpenAI and llama-server read it.
+* ``null`` for an optional field means "absent", as OpenAI reads it (llama-server does
+  for the top-level fields, not inside chat messages: see ``chat_messages``).
+* Numbers must survive the trip: ``1e400`` (Python's inf, forwarded as ``Infinity``)
+  and integers beyond 64 bits make llama-server's JSON parser fail, so they are 400s here.
 """
 
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, NoReturn
 
+from slogate_sidecar.bad_request import BadRequest, invalid, json_type, missing, wrong_type
+from slogate_sidecar.chat_messages import chat_prompt
+
+__all__ = ["MAX_JSON_DEPTH", "BadRequest", "ParsedRequest", "Route", "as_upstream_stream", "parse_request",
+           "with_output_limit"]  # fmt: skip
+
 MAX_JSON_DEPTH = 64
 """Deeper bodies are refused: later serialisation must not hit the recursion limit."""
 _TOO_DEEP = f"request body is nested deeper than {MAX_JSON_DEPTH} levels"
+MAX_JSON_INTEGER = 2**63 - 1
+"""Larger integers are refused: llama-server's JSON parser overflows on them (its 400
+would name a parser exception rather than the field)."""
 
 
 class Route(StrEnum):
@@ -54,7 +67,8 @@ class ParsedRequest:
 
     route: Route
     body: dict[str, Any]
-    """The validated JSON object, unchanged; derive upstream bodies with the helpers below."""
+    """The validated JSON object (chat: null message fields dropped, see ``chat_messages``);
+    derive upstream bodies with the helpers below."""
     stream: bool
     """Whether the client asked for server-sent events."""
     max_tokens: int | None
@@ -67,35 +81,6 @@ class ParsedRequest:
     """The chat messages (chat route only)."""
     prompt_count: int = 1
     """Prompts in a batch (an array of strings): each takes its own slot upstream."""
-
-
-class BadRequest(Exception):  # noqa: N818 - the name is the HTTP status it becomes
-    """A body the gate refuses before deciding; ``body()`` is the client's error object."""
-
-    def __init__(
-        self,
-        message: str,
-        *,
-        status: int = 400,
-        param: str | None = None,
-        code: str | None = None,
-    ) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
-        self.param = param
-        self.code = code
-
-    def body(self) -> dict[str, Any]:
-        """The OpenAI-style error object, so existing clients show the message."""
-        return {
-            "error": {
-                "message": self.message,
-                "type": "invalid_request_error",
-                "param": self.param,
-                "code": self.code,
-            }
-        }
 
 
 def parse_request(
@@ -119,13 +104,13 @@ def parse_request(
     body = _decode(raw)
     stream = body.get("stream")
     if stream is not None and type(stream) is not bool:
-        _wrong_type("stream", "a boolean", stream)
+        wrong_type("stream", "a boolean", stream)
     max_tokens = _output_limit(route, body, max_output_tokens)
     messages: list[Any] | None = None
     token_count: int | None = None
     count = 1
     if route is Route.CHAT:
-        messages, chars = _chat_prompt(body)
+        body, messages, chars = chat_prompt(body)
     else:
         chars, token_count, count = _text_prompt(body)
     return ParsedRequest(
@@ -172,29 +157,25 @@ def as_upstream_stream(body: dict[str, Any], route: Route) -> dict[str, Any]:
 # --------------------------------------------------------------------------- helpers
 
 
-def _json_type(value: object) -> str:
-    """The JSON name of a value's type, for error messages."""
-    names = {bool: "boolean", int: "integer", float: "number", str: "string"}
-    names |= {list: "array", dict: "object", type(None): "null"}
-    return names.get(type(value), type(value).__name__)
-
-
-def _wrong_type(param: str, expected: str, value: object) -> NoReturn:
-    message = f"'{param}' must be {expected}, got {_json_type(value)}"
-    raise BadRequest(message, param=param, code="invalid_type")
-
-
-def _invalid(param: str, message: str) -> NoReturn:
-    raise BadRequest(message, param=param, code="invalid_value")
-
-
-def _missing(param: str, expected: str) -> NoReturn:
-    message = f"'{param}' is required: {expected}"
-    raise BadRequest(message, param=param, code="missing_required_parameter")
-
-
 def _reject_constant(name: str) -> NoReturn:
     raise ValueError(f"{name} is not valid JSON")
+
+
+def _finite_float(literal: str) -> float:
+    """A JSON number that fits a double: 1e400 would travel on as Infinity, which
+    llama-server's parser refuses."""
+    value = float(literal)
+    if not math.isfinite(value):
+        raise ValueError(f"the number {literal[:40]} is out of range")
+    return value
+
+
+def _bounded_int(literal: str) -> int:
+    """A JSON integer within 64 bits: llama-server's parser overflows beyond that."""
+    value = int(literal)
+    if not -MAX_JSON_INTEGER <= value <= MAX_JSON_INTEGER:
+        raise ValueError(f"the integer {literal[:40]}... is out of range (64 bits)")
+    return value
 
 
 def _decode(raw: bytes) -> dict[str, Any]:
@@ -205,17 +186,30 @@ def _decode(raw: bytes) -> dict[str, Any]:
         message = f"request body is not valid UTF-8 (byte {exc.start})"
         raise BadRequest(message, code="invalid_encoding") from None
     try:
-        value = json.loads(text, parse_constant=_reject_constant)
+        value = json.loads(text, parse_constant=_reject_constant, parse_float=_finite_float, parse_int=_bounded_int)
     except RecursionError:  # the C scanner's own depth guard
         raise BadRequest(_TOO_DEEP, code="invalid_json") from None
     except ValueError as exc:  # JSONDecodeError, and over-long integer literals
         raise BadRequest(f"request body is not valid JSON: {exc}", code="invalid_json") from None
     if _deeper_than(value, MAX_JSON_DEPTH):
         raise BadRequest(_TOO_DEEP, code="invalid_json")
+    if "\\u" in text and _has_lone_surrogate(value):
+        # Only a \uD800-\uDFFF escape can carry one (strict UTF-8 cannot); llama-server's
+        # parser refuses it, on /tokenize too, so it would come back as a server error.
+        raise BadRequest("request body contains an unpaired UTF-16 surrogate escape", code="invalid_json")
     if not isinstance(value, dict):
-        message = f"request body must be a JSON object, got {_json_type(value)}"
+        message = f"request body must be a JSON object, got {json_type(value)}"
         raise BadRequest(message, code="invalid_type")
     return value
+
+
+def _has_lone_surrogate(value: object) -> bool:
+    """Whether any string in ``value`` (keys included) holds an unpaired surrogate."""
+    try:
+        json.dumps(value, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    return False
 
 
 def _deeper_than(value: object, limit: int) -> bool:
@@ -244,84 +238,40 @@ def _output_limit(route: Route, body: dict[str, Any], ceiling: int) -> int | Non
         if value is None:
             continue
         if type(value) is not int:
-            _wrong_type(field, "an integer", value)
+            wrong_type(field, "an integer", value)
         unlimited = field == "n_predict" and value == -1
         if value < 0 and not unlimited:
             minimum = "-1 (unlimited) or more" if field == "n_predict" else "0 or more"
-            _invalid(field, f"'{field}' must be {minimum}, got {value}")
+            invalid(field, f"'{field}' must be {minimum}, got {value}")
         if value > ceiling:
-            _invalid(field, f"'{field}' is {value}: absurd here, the server allows {ceiling}")
+            invalid(field, f"'{field}' is {value}: absurd here, the server allows {ceiling}")
         if not found:
             found, effective = True, None if unlimited else value
     return effective
-
-
-def _chat_prompt(body: dict[str, Any]) -> tuple[list[Any], int]:
-    """The messages and the characters of their text content."""
-    expected = "a non-empty array of message objects"
-    if "messages" not in body:
-        _missing("messages", expected)
-    messages = body["messages"]
-    if not isinstance(messages, list):
-        _wrong_type("messages", expected, messages)
-    if not messages:
-        _invalid("messages", f"'messages' must be {expected}")
-    chars = 0
-    for i, message in enumerate(messages):
-        where = f"messages[{i}]"
-        if not isinstance(message, dict):
-            _wrong_type(where, "an object", message)
-        if not isinstance(message.get("role"), str):
-            _wrong_type(f"{where}.role", "a string", message.get("role"))
-        chars += _content_chars(where, message.get("content"))
-    return messages, chars
-
-
-def _content_chars(where: str, content: object) -> int:
-    """Characters of one message's content: a string, typed parts, or null."""
-    if content is None:
-        return 0
-    if isinstance(content, str):
-        return len(content)
-    if not isinstance(content, list):
-        _wrong_type(f"{where}.content", "a string, an array of content parts, or null", content)
-    chars = 0
-    for j, part in enumerate(content):
-        at = f"{where}.content[{j}]"
-        if not isinstance(part, dict):
-            _wrong_type(at, "a content part object", part)
-        if not isinstance(part.get("type"), str):
-            _wrong_type(f"{at}.type", "a string", part.get("type"))
-        if part["type"] == "text":
-            text = part.get("text")
-            if not isinstance(text, str):
-                _wrong_type(f"{at}.text", "a string", text)
-            chars += len(text)
-    return chars
 
 
 def _text_prompt(body: dict[str, Any]) -> tuple[int, int | None, int]:
     """(characters, exact token count or None, prompts in the batch) of ``prompt``."""
     expected = "a string, a non-empty array of strings, or a non-empty array of token ids"
     if "prompt" not in body:
-        _missing("prompt", expected)
+        missing("prompt", expected)
     prompt = body["prompt"]
     if isinstance(prompt, str):
         return len(prompt), None, 1
     if not isinstance(prompt, list):
-        _wrong_type("prompt", expected, prompt)
+        wrong_type("prompt", expected, prompt)
     if not prompt:
-        _invalid("prompt", f"'prompt' must be {expected}")
+        invalid("prompt", f"'prompt' must be {expected}")
     first = prompt[0]
     if not isinstance(first, str) and type(first) is not int:
-        _wrong_type("prompt[0]", "a string or a token id (integer)", first)
+        wrong_type("prompt[0]", "a string or a token id (integer)", first)
     kind = type(first)
     for i, item in enumerate(prompt):
         if type(item) is not kind:
             what = "a string" if kind is str else "a token id (integer)"
-            _wrong_type(f"prompt[{i}]", f"{what}, like prompt[0]", item)
+            wrong_type(f"prompt[{i}]", f"{what}, like prompt[0]", item)
         if isinstance(item, int) and item < 0:
-            _invalid(f"prompt[{i}]", f"'prompt[{i}]' must be a token id (0 or more), got {item}")
+            invalid(f"prompt[{i}]", f"'prompt[{i}]' must be a token id (0 or more), got {item}")
     if kind is str:
         return sum(len(s) for s in prompt), None, len(prompt)
     return 0, len(prompt), 1

@@ -6,6 +6,8 @@ import math
 from typing import Any
 
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
+from aiohttp.web_protocol import RequestPayloadError
 
 from slogate_admission.decision import Decision
 
@@ -17,6 +19,23 @@ def error(status: int, message: str, *, kind: str, code: str | None = None, para
     if extra:
         body.update(extra)
     return web.json_response(body, status=status, headers=headers)
+
+
+BODY_ERRORS = (HttpProcessingError, RequestPayloadError)
+"""What reading a request body raises when its framing or encoding is broken (bad
+chunking, a Content-Encoding it does not have): the client's fault, a 400."""
+
+
+def unreadable_body(problem: Exception) -> web.Response:
+    """400 for a body that cannot be read as it claims to be encoded."""
+    reason = getattr(problem, "message", None) or str(problem)
+    return error(400, f"request body unreadable: {str(reason).strip()}", kind="invalid_request_error",
+                 code="invalid_body")  # fmt: skip
+
+
+def request_timeout() -> web.Response:
+    """408: the body did not arrive within the client read timeout (a slow or stalled client)."""
+    return error(408, "request body not received in time", kind="invalid_request_error", code="request_timeout")
 
 
 def retry_after_header(seconds: float) -> str:

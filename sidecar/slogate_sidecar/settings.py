@@ -48,7 +48,8 @@ class SidecarSettings:
     upstream_read_timeout_s: float = 60.0
     """No byte from the upstream for this long: 504 (or the stream is cut)."""
     client_read_timeout_s: float = 30.0
-    """A client that has not sent its whole request in this long is dropped (slowloris)."""
+    """A client that has not sent its whole request in this long is dropped (slowloris):
+    headers not complete, the connection is closed; body not complete, 408. Both ports."""
     poll_interval_s: float = 1.0
     """How often the upstream's /health and /metrics counters are read."""
     rate_max_age_s: float = 30.0
