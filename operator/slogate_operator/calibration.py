@@ -1,0 +1,141 @@
+"""Reading a calibration Job: running, done with a valid profile, or failed and why. Pure.
+
+The result travels in the calibrator container's termination message (the compact
+profile, under 4 KiB); on failure the message is the tail of its log (the one-line
+error of `slogate calibrate`), because the container's terminationMessagePolicy is
+FallbackToLogsOnError.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from enum import StrEnum
+from typing import Any
+
+from pydantic import ValidationError
+
+from slogate_admission.schema import CalibrationProfile
+from slogate_operator import names
+
+
+class JobState(StrEnum):
+    """Where a calibration Job is."""
+
+    RUNNING = "Running"
+    SUCCEEDED = "Succeeded"
+    FAILED = "Failed"
+
+
+class FailureReason(StrEnum):
+    """Why an attempt failed: the Degraded condition's reason."""
+
+    FAILED = "CalibrationFailed"
+    TIMED_OUT = "CalibrationTimedOut"
+    INVALID_RESULT = "CalibrationResultInvalid"
+
+
+@dataclass(frozen=True, slots=True)
+class JobOutcome:
+    """What a look at the Job and its pods found."""
+
+    state: JobState
+    profile: CalibrationProfile | None = None
+    reason: FailureReason | None = None
+    message: str = ""
+
+
+def parse_time(text: object) -> datetime | None:
+    """An RFC 3339 timestamp from the API, or None."""
+    if not isinstance(text, str) or not text:
+        return None
+    try:
+        parsed = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
+
+
+def _condition(job: Mapping[str, Any], kind: str) -> Mapping[str, Any] | None:
+    for condition in (job.get("status") or {}).get("conditions") or ():
+        if condition.get("type") == kind and condition.get("status") == "True":
+            return dict(condition)
+    return None
+
+
+def job_pods(job: Mapping[str, Any], pods: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    """The Job's pods: owned by its uid, or labelled with its name."""
+    name = job["metadata"]["name"]
+    uid = job["metadata"].get("uid")
+    mine = []
+    for pod in pods:
+        meta = pod.get("metadata") or {}
+        labels = meta.get("labels") or {}
+        owned = any(ref.get("uid") == uid for ref in meta.get("ownerReferences") or ()) if uid else False
+        if owned or labels.get("batch.kubernetes.io/job-name") == name or labels.get("job-name") == name:
+            mine.append(pod)
+    return mine
+
+
+def calibrator_termination(pod: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    """The calibrator container's terminated state in a pod, if it has ended."""
+    for status in (pod.get("status") or {}).get("containerStatuses") or ():
+        if status.get("name") == names.CALIBRATOR_CONTAINER:
+            terminated = (status.get("state") or {}).get("terminated")
+            return dict(terminated) if terminated else None
+    return None
+
+
+def job_outcome(
+    job: Mapping[str, Any], pods: Sequence[Mapping[str, Any]], *, now: datetime, deadline: timedelta
+) -> JobOutcome:
+    """Judge a Job: its conditions first, the calibrator's termination for the details.
+
+    ``deadline``: an unfinished Job older than this is timed out even if Kubernetes has
+    not failed it yet (normally activeDeadlineSeconds does, a little earlier).
+    """
+    ended = [t for t in (calibrator_termination(p) for p in job_pods(job, pods)) if t is not None]
+    if _condition(job, "Complete") is not None:
+        for terminated in ended:
+            if terminated.get("exitCode") == 0:
+                return _read_profile(str(terminated.get("message") or ""))
+        return JobOutcome(
+            JobState.FAILED, reason=FailureReason.INVALID_RESULT,
+            message="the Job completed but no calibrator pod with a result is left (deleted?)",
+        )  # fmt: skip
+    failed = _condition(job, "Failed")
+    if failed is not None:
+        detail = next((str(t.get("message") or "").strip() for t in ended if t.get("exitCode") != 0), "")
+        why = failed.get("reason") or "Failed"
+        text = f"Job {job['metadata']['name']} failed ({why}: {failed.get('message') or 'no message'})"
+        if detail:
+            text += f"; calibrator said: {detail.splitlines()[-1][:400]}"
+        reason = FailureReason.TIMED_OUT if why == "DeadlineExceeded" else FailureReason.FAILED
+        return JobOutcome(JobState.FAILED, reason=reason, message=text)
+    created = parse_time(job["metadata"].get("creationTimestamp"))
+    if created is not None and now - created > deadline:
+        return JobOutcome(
+            JobState.FAILED, reason=FailureReason.TIMED_OUT,
+            message=f"Job {job['metadata']['name']} has not finished {deadline.total_seconds():g} s after its creation",
+        )  # fmt: skip
+    return JobOutcome(JobState.RUNNING)
+
+
+def _read_profile(message: str) -> JobOutcome:
+    try:
+        profile = CalibrationProfile.model_validate_json(message)
+    except ValidationError as invalid:
+        first = invalid.errors()[0]
+        where = ".".join(str(p) for p in first["loc"]) or "(message)"
+        return JobOutcome(
+            JobState.FAILED, reason=FailureReason.INVALID_RESULT,
+            message=f"the calibrator's result is not a valid profile: {where}: {first['msg']} "
+            f"({len(message)} bytes)",
+        )  # fmt: skip
+    return JobOutcome(JobState.SUCCEEDED, profile=profile)
+
+
+def retry_delay(attempts: int, base_s: float, max_s: float) -> timedelta:
+    """Backoff after ``attempts`` failures: base, 2·base, 4·base, ... capped at max."""
+    return timedelta(seconds=min(max_s, base_s * 2 ** max(0, attempts - 1)))

@@ -1,0 +1,68 @@
+"""What every reconcile pass shares: settings, the API client, the HTTP session for pushes,
+the clock, and the wake-up events that let watched changes cut a pass's wait short."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+
+import aiohttp
+
+from slogate_operator import builders
+from slogate_operator.client import EVENTS, ApiError, KubeClient
+from slogate_operator.push import PushSettings
+from slogate_operator.settings import OperatorSettings
+
+log = logging.getLogger("slogate.operator")
+
+
+def utc_now() -> datetime:
+    return datetime.now(UTC)
+
+
+@dataclass(eq=False)
+class Runtime:
+    """Shared by the handlers of one operator process (kept in kopf's memo)."""
+
+    settings: OperatorSettings
+    client: KubeClient
+    http: aiohttp.ClientSession
+    clock: Callable[[], datetime] = utc_now
+    instance: str = field(default_factory=socket.gethostname)
+    wakeups: dict[tuple[str, str], asyncio.Event] = field(default_factory=dict)
+
+    @property
+    def push_settings(self) -> PushSettings:
+        s = self.settings
+        return PushSettings(
+            attempts=s.push_attempts, backoff_s=s.push_backoff_seconds, timeout_s=s.push_timeout_seconds
+        )
+
+    def wakeup(self, namespace: str, name: str) -> asyncio.Event:
+        """The event a policy's loop waits on between passes."""
+        return self.wakeups.setdefault((namespace, name), asyncio.Event())
+
+    def poke(self, namespace: str, name: str | None = None) -> None:
+        """Run the named policy's next pass now (or every policy of the namespace)."""
+        for (ns, policy), event in self.wakeups.items():
+            if ns == namespace and (name is None or policy == name):
+                event.set()
+
+    def poke_label(self, namespace: str, label: str) -> None:
+        """Wake the policy whose label value (``slogate.dev/policy``) an object carries."""
+        for ns, policy in list(self.wakeups):
+            if ns == namespace and builders.policy_label_value(policy) == label:
+                self.wakeups[(ns, policy)].set()
+
+    async def post_event(self, policy: builders.PolicyRef, kind: str, reason: str, message: str) -> None:
+        """Post an Event about a policy; a failure to post is logged, never fatal."""
+        now = self.clock()
+        body = builders.event(policy, kind=kind, reason=reason, message=message, now=now, instance=self.instance)
+        try:
+            await self.client.create(EVENTS, policy.namespace, body)
+        except ApiError as error:
+            log.warning("could not post event %s for %s/%s: %s", reason, policy.namespace, policy.name, error)

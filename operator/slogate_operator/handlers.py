@@ -1,0 +1,183 @@
+"""kopf wiring, kept thin: login, startup/cleanup, one loop per policy, deletion, wake-ups.
+
+Each AdmissionPolicy gets a kopf daemon that runs ``reconcile`` (a level-triggered,
+idempotent pass) and then waits for the resync interval, or less when something it
+depends on changes: the policy itself, a Deployment of its namespace, one of its
+calibration Jobs or pods (watched here only to cut the wait short). Deleting a policy
+stops its loop, then the deletion handler takes the sidecar out of its Deployments
+before kopf releases the finalizer; the Jobs, ConfigMap and Secret go with the policy
+through their ownerReferences.
+
+Run with `slogate operator` (peering, scope and ports from OperatorSettings), or
+`kopf run -m slogate_operator.handlers` (settings from SLOGATE_OPERATOR_* variables).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+from typing import Any
+
+import aiohttp
+import kopf
+import prometheus_client
+
+from slogate_operator import builders, metrics, names, targets
+from slogate_operator.client import DEPLOYMENTS, KubeClient
+from slogate_operator.context import Runtime
+from slogate_operator.injection import claimed_by, removed_template
+from slogate_operator.reconcile import reconcile
+from slogate_operator.settings import OperatorSettings
+
+RESOURCE = (names.GROUP, names.VERSION, names.PLURAL)
+
+
+def configured(memo: Any) -> OperatorSettings:
+    """Settings the CLI put in the memo, else from the environment (``kopf run``)."""
+    settings = getattr(memo, "config", None)
+    if isinstance(settings, OperatorSettings):
+        return settings
+    settings = OperatorSettings.from_env(os.environ)
+    memo.config = settings
+    return settings
+
+
+def connection_info(config: OperatorSettings, kopf_settings: kopf.OperatorSettings) -> kopf.ConnectionInfo:
+    """Where the API server is and how to authenticate: override, service account, kubeconfig."""
+    if config.kube_api:
+        return kopf.ConnectionInfo(server=config.kube_api, priority=100)
+    info = kopf.login_with_service_account(settings=kopf_settings) or kopf.login_with_kubeconfig(settings=kopf_settings)
+    if info is None:
+        raise kopf.LoginError(
+            "no service account token and no kubeconfig; run in a pod, set KUBECONFIG, "
+            "or set SLOGATE_OPERATOR_KUBE_API (e.g. behind `kubectl proxy`)"
+        )
+    return info
+
+
+@kopf.on.login()
+def login(memo: kopf.Memo, settings: kopf.OperatorSettings, **_: Any) -> kopf.ConnectionInfo:
+    """kopf and the operator's own client use the same credentials."""
+    return connection_info(configured(memo), settings)
+
+
+@kopf.on.startup()
+async def startup(memo: kopf.Memo, settings: kopf.OperatorSettings, logger: kopf.Logger, **_: Any) -> None:
+    config = configured(memo)
+    # kopf keeps its handler progress and diff base in annotations under our own prefix;
+    # the status belongs to the operator alone.
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=names.GROUP)
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+        prefix=names.GROUP, key="last-handled-configuration"
+    )
+    settings.persistence.finalizer = f"{names.GROUP}/operator"
+    client = KubeClient(
+        lambda: connection_info(config, settings), retries=config.api_retries, backoff_s=config.api_backoff_seconds
+    )
+    await client.__aenter__()
+    memo.runtime = Runtime(settings=config, client=client, http=aiohttp.ClientSession())
+    if config.metrics_port:
+        prometheus_client.start_http_server(config.metrics_port, registry=metrics.REGISTRY)
+    scope = ",".join(config.namespaces) or "all namespaces"
+    logger.info(f"slogate operator serving {scope}; default image {config.image}")
+
+
+@kopf.on.cleanup()
+async def cleanup(memo: kopf.Memo, **_: Any) -> None:
+    runtime: Runtime | None = getattr(memo, "runtime", None)
+    if runtime is not None:
+        await runtime.client.close()
+        await runtime.http.close()
+
+
+@kopf.daemon(*RESOURCE, cancellation_timeout=10.0)
+async def policy_loop(
+    name: str, namespace: str | None, memo: Any, stopped: kopf.DaemonStopped, logger: kopf.Logger, **_: Any
+) -> None:
+    """Reconcile, then wait (resync, a backoff's end, or a wake-up); forever, until deleted."""
+    assert namespace is not None  # AdmissionPolicy is namespaced
+    rt: Runtime = memo.runtime
+    wakeup = rt.wakeup(namespace, name)
+    error_backoff = rt.settings.error_backoff_seconds
+    try:
+        while not stopped:
+            wakeup.clear()
+            delay = rt.settings.resync_seconds
+            try:
+                result = await reconcile(rt, namespace, name)
+            except Exception as error:  # never let one bad pass end the loop
+                metrics.reconciles.labels(namespace, name, "error").inc()
+                logger.warning(f"reconcile failed, retrying in {error_backoff:g} s: {error}", exc_info=True)
+                delay, error_backoff = error_backoff, min(error_backoff * 2, rt.settings.resync_seconds)
+            else:
+                metrics.reconciles.labels(namespace, name, "ok").inc()
+                if result.gone:
+                    return
+                error_backoff = rt.settings.error_backoff_seconds
+                if result.wake_at is not None:
+                    delay = min(delay, max(0.0, (result.wake_at - rt.clock()).total_seconds()) + 0.05)
+            await _sleep(wakeup, stopped, delay)
+    finally:
+        rt.wakeups.pop((namespace, name), None)
+
+
+async def _sleep(wakeup: asyncio.Event, stopped: kopf.DaemonStopped, delay: float) -> None:
+    waits = [asyncio.ensure_future(wakeup.wait()), asyncio.ensure_future(stopped.wait())]
+    try:
+        await asyncio.wait(waits, timeout=delay, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for wait in waits:
+            wait.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await wait
+
+
+@kopf.on.delete(*RESOURCE, backoff=5.0)
+async def policy_deleted(name: str, namespace: str | None, memo: Any, logger: kopf.Logger, **_: Any) -> None:
+    """Take the sidecar out of every Deployment this policy injected (kopf retries on failure)."""
+    assert namespace is not None
+    rt: Runtime = memo.runtime
+    mine = builders.policy_label_value(name)
+    for deployment in await rt.client.list(DEPLOYMENTS, namespace):
+        claimed = claimed_by((deployment.get("spec") or {}).get("template") or {}) == mine
+        if claimed and await targets.apply_template(rt.client, namespace, deployment, removed_template):
+            logger.info(f"sidecar removed from Deployment {deployment['metadata']['name']}")
+    metrics.forget(namespace, name)
+
+
+@kopf.on.event(*RESOURCE)
+def policy_event(name: str, namespace: str | None, memo: Any, **_: Any) -> None:
+    if namespace is not None:
+        _runtime(memo).poke(namespace, name)
+
+
+@kopf.on.event("apps", "v1", "deployments")
+def deployment_event(namespace: str | None, memo: Any, **_: Any) -> None:
+    if namespace is not None:
+        _runtime(memo).poke(namespace)
+
+
+@kopf.on.event("batch", "v1", "jobs", labels={names.LABEL_POLICY: kopf.PRESENT})
+def job_event(namespace: str | None, labels: kopf.Labels, memo: Any, **_: Any) -> None:
+    if namespace is not None:
+        _runtime(memo).poke_label(namespace, labels[names.LABEL_POLICY])
+
+
+@kopf.on.event("", "v1", "pods", labels={names.LABEL_POLICY: kopf.PRESENT})
+def pod_event(namespace: str | None, labels: kopf.Labels, memo: Any, **_: Any) -> None:
+    if namespace is not None:
+        _runtime(memo).poke_label(namespace, labels[names.LABEL_POLICY])
+
+
+class _NoRuntime:
+    def poke(self, namespace: str, name: str | None = None) -> None:
+        """Events can arrive before startup has finished: nothing to wake yet."""
+
+    def poke_label(self, namespace: str, label: str) -> None:
+        """As poke."""
+
+
+def _runtime(memo: Any) -> Runtime | _NoRuntime:
+    runtime = getattr(memo, "runtime", None)
+    return runtime if isinstance(runtime, Runtime) else _NoRuntime()

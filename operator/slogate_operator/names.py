@@ -1,0 +1,72 @@
+"""Names, labels and annotations: every string the operator and the objects it builds share."""
+
+from __future__ import annotations
+
+import hashlib
+import re
+
+GROUP = "slogate.dev"
+VERSION = "v1alpha1"
+PLURAL = "admissionpolicies"
+KIND = "AdmissionPolicy"
+API_VERSION = f"{GROUP}/{VERSION}"
+
+MANAGED_BY = "slogate-operator"
+LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
+LABEL_COMPONENT = "app.kubernetes.io/component"
+LABEL_POLICY = f"{GROUP}/policy"
+"""On injected pod templates (so pods say which policy gates them) and on calibration Jobs."""
+LABEL_FINGERPRINT = f"{GROUP}/container-fingerprint"
+ANNOTATION_RECALIBRATE = f"{GROUP}/recalibrate"
+"""On a policy: any new value forces a new calibration (it is folded into the fingerprint)."""
+ANNOTATION_CONTAINER_FINGERPRINT = f"{GROUP}/container-fingerprint"
+ANNOTATION_POLICY_DIGEST = f"{GROUP}/policy-digest"
+ANNOTATION_CALIBRATION_JOB = f"{GROUP}/calibration-job"
+ANNOTATION_TARGET = f"{GROUP}/target-deployment"
+
+SIDECAR_CONTAINER = "slogate-sidecar"
+LLAMA_CONTAINER = "llama-server"
+"""The llama.cpp container's name inside a calibration Job's pod."""
+CALIBRATOR_CONTAINER = "calibrate"
+THRESHOLDS_VOLUME = "slogate-thresholds"
+TOKEN_VOLUME = "slogate-admin-token"
+THRESHOLDS_DIR = "/etc/slogate/thresholds"
+TOKEN_DIR = "/etc/slogate/admin"
+THRESHOLDS_KEY = "thresholds.json"
+PROFILE_KEY = "profile.json"
+TOKEN_KEY = "token"
+CLIENT_PORT_NAME = "slogate"
+ADMIN_PORT_NAME = "slogate-admin"
+
+_DNS_LABEL_MAX = 63
+_NOT_DNS = re.compile(r"[^a-z0-9-]+")
+
+
+def short_hash(text: str, length: int = 8) -> str:
+    """A stable hex digest prefix."""
+    return hashlib.sha256(text.encode()).hexdigest()[:length]
+
+
+def dns_label(text: str, max_length: int) -> str:
+    """``text`` as a DNS-1123 label of at most ``max_length`` characters, still unique.
+
+    Policy names are DNS subdomains (dots allowed, up to 253 characters); Job names
+    become pod labels and must be labels (63). A name that needs shortening keeps a
+    hash of the whole, so two long names never collide.
+    """
+    clean = _NOT_DNS.sub("-", text.lower()).strip("-") or "x"
+    if len(clean) <= max_length and clean == text:
+        return clean
+    keep = max_length - 9
+    return f"{clean[:keep].rstrip('-')}-{short_hash(text)}"
+
+
+def calibration_job_name(policy: str, container_fingerprint: str) -> str:
+    """Deterministic per (policy, fingerprint): a restarted operator finds, never duplicates."""
+    return f"{dns_label(policy, 38)}-cal-{container_fingerprint[:12]}"
+
+
+def thresholds_configmap_name(policy: str) -> str:
+    """The ConfigMap the sidecars mount: ``<policy>-thresholds`` (shortened past 253 characters)."""
+    name = f"{policy}-thresholds"
+    return name if len(name) <= 253 else f"{policy[:233].rstrip('.-')}-{short_hash(policy)}-thresholds"

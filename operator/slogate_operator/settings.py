@@ -1,0 +1,148 @@
+"""Operator settings: one frozen dataclass, one docstring per field, read from the environment.
+
+Every field has an environment variable (``SLOGATE_OPERATOR_<FIELD>``, upper case) so a
+Helm chart sets them in the Deployment; `slogate operator` flags override the scope and
+peering ones. docs/operator.md lists them all.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import inspect
+import itertools
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+ENV_PREFIX = "SLOGATE_OPERATOR_"
+DEFAULT_IMAGE = "ghcr.io/slogate/slogate:0.1.0"
+
+
+class SettingsError(ValueError):
+    """An environment variable holds something its setting cannot take."""
+
+
+@dataclass(frozen=True, slots=True)
+class OperatorSettings:
+    """How the operator runs. Times are seconds."""
+
+    namespaces: tuple[str, ...] = ()
+    """Namespaces to serve; empty: every namespace (cluster-wide, needs a ClusterRole)."""
+    peering: str = "slogate"
+    """kopf peering object: replicas sharing it elect one active operator (HA)."""
+    standalone: bool = False
+    """No peering at all: for a single replica, local runs and tests."""
+    image: str = DEFAULT_IMAGE
+    """The slogate image: injected sidecars and calibration Jobs run `slogate` from it,
+    unless a policy names its own ``spec.sidecar.image``."""
+    admin_token_secret: str = "slogate-admin-token"
+    """Secret (one per namespace, created by the operator) holding the bearer token
+    that sidecars require for threshold pushes; key ``token``."""
+    resync_seconds: float = 30.0
+    """A policy is reconciled at least this often, besides every change the operator
+    watches (policy, Deployments, calibration Jobs and pods)."""
+    error_backoff_seconds: float = 5.0
+    """First wait after a reconcile pass that failed (API down); doubles up to resync."""
+    calibration_retry_seconds: float = 60.0
+    """Wait after a failed calibration before the next attempt; doubles per attempt."""
+    calibration_retry_max_seconds: float = 1800.0
+    """The longest wait between calibration attempts."""
+    calibration_grace_seconds: float = 60.0
+    """A Job unfinished this long past ``spec.calibration.timeoutSeconds`` is deemed
+    timed out even if Kubernetes has not failed it (activeDeadlineSeconds does normally)."""
+    job_ttl_seconds: int = 3600
+    """ttlSecondsAfterFinished of calibration Jobs: long enough to read a failed Job's logs."""
+    push_attempts: int = 3
+    """Attempts per sidecar in one push round; later rounds retry the ones still behind."""
+    push_backoff_seconds: float = 0.5
+    """Wait before the second push attempt to a sidecar; doubles per attempt."""
+    push_timeout_seconds: float = 5.0
+    """One request to a sidecar's admin API may take this long."""
+    api_retries: int = 4
+    """Attempts of one Kubernetes API call that met a 429, a 5xx or a broken connection."""
+    api_backoff_seconds: float = 0.2
+    """Wait before the second API attempt; doubles per attempt."""
+    kube_api: str = ""
+    """API server URL to use instead of the in-cluster service account or kubeconfig
+    (e.g. ``http://127.0.0.1:8001`` behind ``kubectl proxy``). No credentials are sent."""
+    metrics_port: int = 9090
+    """Port of the operator's Prometheus /metrics; 0: none."""
+    liveness_port: int = 8080
+    """Port of kopf's liveness endpoint (/healthz); 0: none."""
+
+    def __post_init__(self) -> None:
+        for name in ("resync_seconds", "error_backoff_seconds", "calibration_retry_seconds",
+                     "calibration_retry_max_seconds", "push_backoff_seconds", "push_timeout_seconds",
+                     "api_backoff_seconds"):  # fmt: skip
+            value = getattr(self, name)
+            if not (math.isfinite(value) and value > 0):
+                raise SettingsError(f"{name} must be a finite number > 0, got {value!r}")
+        for name in ("push_attempts", "api_retries", "job_ttl_seconds"):
+            if getattr(self, name) < 1:
+                raise SettingsError(f"{name} must be >= 1, got {getattr(self, name)!r}")
+        for name in ("metrics_port", "liveness_port"):
+            if not 0 <= getattr(self, name) <= 65535:
+                raise SettingsError(f"{name} must be a port number or 0, got {getattr(self, name)!r}")
+        if not self.image:
+            raise SettingsError("image must not be empty")
+        if not self.standalone and not self.peering:
+            raise SettingsError("peering must name a peering object unless standalone")
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str], **overrides: Any) -> OperatorSettings:
+        """Settings from ``SLOGATE_OPERATOR_*`` variables, then ``overrides`` (CLI flags)."""
+        values: dict[str, Any] = {}
+        for field in dataclasses.fields(cls):
+            raw = environ.get(ENV_PREFIX + field.name.upper())
+            if raw is None:
+                continue
+            values[field.name] = _parse(field.name, str(field.type), raw)
+        values.update({key: value for key, value in overrides.items() if value is not None})
+        return cls(**values)
+
+    @classmethod
+    def environment_variables(cls) -> list[tuple[str, str, str]]:
+        """(variable, default, docstring) of every setting, for the docs and their test."""
+        docs = _field_docs()
+        rows = []
+        for field in dataclasses.fields(cls):
+            default = field.default
+            shown = ",".join(default) if isinstance(default, tuple) else str(default).lower()
+            if isinstance(default, float | int) and not isinstance(default, bool):
+                shown = f"{default:g}"
+            rows.append((ENV_PREFIX + field.name.upper(), shown, docs[field.name]))
+        return rows
+
+
+def _parse(name: str, annotation: str, raw: str) -> Any:
+    text = raw.strip()
+    try:
+        if annotation.startswith("tuple"):
+            return tuple(part.strip() for part in text.split(",") if part.strip())
+        if annotation == "bool":
+            if text.lower() in {"1", "true", "yes", "on"}:
+                return True
+            if text.lower() in {"0", "false", "no", "off", ""}:
+                return False
+            raise ValueError("expected true or false")
+        if annotation == "int":
+            return int(text)
+        if annotation == "float":
+            return float(text)
+    except ValueError as error:
+        raise SettingsError(f"{ENV_PREFIX}{name.upper()}={raw!r}: {error}") from None
+    return text
+
+
+def _field_docs() -> dict[str, str]:
+    """The docstring under each field, read from this module's source (one source of truth)."""
+    tree = ast.parse(inspect.getsource(OperatorSettings))
+    docs: dict[str, str] = {}
+    body = tree.body[0].body  # type: ignore[attr-defined]
+    for node, following in itertools.pairwise(body):
+        documented = isinstance(following, ast.Expr) and isinstance(following.value, ast.Constant)
+        if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and documented:
+            docs[node.target.id] = " ".join(str(following.value.value).split())
+    return docs

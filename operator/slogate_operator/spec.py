@@ -1,0 +1,233 @@
+"""The AdmissionPolicy spec: the core's Policy plus the operator-only fields.
+
+The policy part (slo, outputTokens, concurrency, classes, defaultClass, deferral,
+degradation) is validated by ``slogate_admission.schema.Policy`` itself, so the CRD
+and the core cannot drift apart; the operator part (targetRef or selector, container,
+calibration, sidecar, alerting) by ``OperatorSpec`` below. crds/ mirrors both, and a
+test holds every example and every invalid variant to the same verdict from the CRD's
+openAPIV3Schema (with its CEL rules) and from these models.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Annotated, Any, Literal
+
+from pydantic import Field, ValidationError, model_validator
+
+from slogate_admission.schema import Model, Policy
+
+DnsLabel = Annotated[str, Field(pattern=r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")]
+DnsSubdomain = Annotated[
+    str, Field(max_length=253, pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+]
+LabelKey = Annotated[str, Field(min_length=1, max_length=317)]
+LabelValue = Annotated[str, Field(max_length=63, pattern=r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")]
+Port = Annotated[int, Field(ge=1, le=65535)]
+Quantity = Annotated[int, Field(ge=0)] | Annotated[str, Field(pattern=r"^[0-9]+(\.[0-9]+)?(m|k|Ki|M|Mi|G|Gi|T|Ti)?$")]
+Ratio = Annotated[float, Field(gt=0, lt=1)]
+
+
+class TargetRef(Model):
+    """One Deployment in the policy's namespace."""
+
+    api_version: Literal["apps/v1"] = "apps/v1"
+    kind: Literal["Deployment"] = "Deployment"
+    name: DnsSubdomain
+
+
+class SelectorRequirement(Model):
+    """A matchExpressions entry, as in Kubernetes label selectors."""
+
+    key: LabelKey
+    operator: Literal["In", "NotIn", "Exists", "DoesNotExist"]
+    values: tuple[LabelValue, ...] = ()
+
+    @model_validator(mode="after")
+    def _values_fit_operator(self) -> SelectorRequirement:
+        if self.operator in ("In", "NotIn") and not self.values:
+            raise ValueError(f"operator {self.operator} needs values")
+        if self.operator in ("Exists", "DoesNotExist") and self.values:
+            raise ValueError(f"operator {self.operator} takes no values")
+        return self
+
+
+class LabelSelector(Model):
+    """Deployments of the namespace whose labels match; an empty selector is refused
+    (it would select every Deployment of the namespace)."""
+
+    match_labels: dict[LabelKey, LabelValue] = Field(default_factory=dict)
+    match_expressions: tuple[SelectorRequirement, ...] = ()
+
+    @model_validator(mode="after")
+    def _not_empty(self) -> LabelSelector:
+        if not self.match_labels and not self.match_expressions:
+            raise ValueError("selector needs matchLabels or matchExpressions (an empty one selects everything)")
+        return self
+
+    def matches(self, labels: Mapping[str, str]) -> bool:
+        """Kubernetes selector semantics: every term must hold."""
+        if any(labels.get(key) != value for key, value in self.match_labels.items()):
+            return False
+        for term in self.match_expressions:
+            present = term.key in labels
+            if term.operator == "In" and (not present or labels[term.key] not in term.values):
+                return False
+            if term.operator == "NotIn" and present and labels[term.key] in term.values:
+                return False
+            if term.operator == "Exists" and not present:
+                return False
+            if term.operator == "DoesNotExist" and present:
+                return False
+        return True
+
+    def as_query(self) -> str:
+        """The ``labelSelector`` query string (the server filters; we filter again)."""
+        parts = [f"{key}={value}" for key, value in sorted(self.match_labels.items())]
+        for term in self.match_expressions:
+            if term.operator == "Exists":
+                parts.append(term.key)
+            elif term.operator == "DoesNotExist":
+                parts.append(f"!{term.key}")
+            else:
+                word = "in" if term.operator == "In" else "notin"
+                parts.append(f"{term.key} {word} ({','.join(term.values)})")
+        return ",".join(parts)
+
+    def describe(self) -> str:
+        """Short text for status and printer columns."""
+        return self.as_query()
+
+
+class CalibrationSpec(Model):
+    """When and how hard the operator calibrates."""
+
+    on_rollout: bool = True
+    """Recalibrate when the llama.cpp container's fingerprint changes."""
+    timeout_seconds: Annotated[int, Field(ge=30, le=7200)] = 300
+    """The whole Job (model load included): its activeDeadlineSeconds."""
+    budget_seconds: Annotated[float, Field(gt=0, le=3600)] = 90.0
+    """`slogate calibrate --budget-seconds`: the measurement alone."""
+
+    @model_validator(mode="after")
+    def _budget_fits(self) -> CalibrationSpec:
+        if self.budget_seconds >= self.timeout_seconds:
+            raise ValueError(
+                f"calibration.budgetSeconds ({self.budget_seconds:g}) must be below timeoutSeconds "
+                f"({self.timeout_seconds}): the server must also load its model"
+            )
+        return self
+
+
+class Resources(Model):
+    """Container resources of the injected sidecar."""
+
+    requests: dict[Literal["cpu", "memory", "ephemeral-storage"], Quantity] = Field(default_factory=dict)
+    limits: dict[Literal["cpu", "memory", "ephemeral-storage"], Quantity] = Field(default_factory=dict)
+
+
+class SidecarSpec(Model):
+    """The injected gate."""
+
+    inject: bool = True
+    """Patch the target Deployments' pod template with the sidecar (removed with the policy)."""
+    port: Port = 8081
+    """Client port: the Service must target it instead of llama-server's."""
+    admin_port: Port = 8082
+    """Admin API and /metrics; the operator pushes thresholds here."""
+    image: Annotated[str, Field(min_length=1, max_length=512)] | None = None
+    """The slogate image; unset: the operator's default."""
+    prompt_counting: Literal["tokenize", "estimate"] = "tokenize"
+    """`slogate sidecar --prompt-counting` (docs/sidecar.md)."""
+    resources: Resources | None = None
+
+    @model_validator(mode="after")
+    def _ports_differ(self) -> SidecarSpec:
+        if self.port == self.admin_port:
+            raise ValueError(f"sidecar.port and sidecar.adminPort must differ, both are {self.port}")
+        return self
+
+
+class AlertingSpec(Model):
+    """Shedding ratios the alert rules compare against (exported as operator metrics)."""
+
+    rejection_ratio_warning: Ratio = 0.05
+    rejection_ratio_critical: Annotated[float, Field(gt=0, le=1)] = 0.25
+
+    @model_validator(mode="after")
+    def _ordered(self) -> AlertingSpec:
+        if self.rejection_ratio_warning >= self.rejection_ratio_critical:
+            raise ValueError("alerting.rejectionRatioWarning must be below rejectionRatioCritical")
+        return self
+
+
+class OperatorSpec(Model):
+    """The fields only the operator reads."""
+
+    target_ref: TargetRef | None = None
+    selector: LabelSelector | None = None
+    container: DnsLabel | None = None
+    """The llama.cpp container; unset: the first container of the pod."""
+    calibration: CalibrationSpec = CalibrationSpec()
+    sidecar: SidecarSpec = SidecarSpec()
+    alerting: AlertingSpec = AlertingSpec()
+
+    @model_validator(mode="after")
+    def _one_target(self) -> OperatorSpec:
+        if (self.target_ref is None) == (self.selector is None):
+            raise ValueError("exactly one of targetRef and selector must be set")
+        return self
+
+
+POLICY_KEYS = frozenset(field.alias or name for name, field in Policy.model_fields.items())
+"""The spec keys that belong to the core's Policy (camelCase)."""
+
+
+class SpecError(ValueError):
+    """The spec is invalid; the message lists every problem with its path."""
+
+
+@dataclass(frozen=True, slots=True)
+class AdmissionPolicySpec:
+    """A validated spec: what to gate (operator) and how (policy)."""
+
+    operator: OperatorSpec
+    policy: Policy
+
+    def target_text(self) -> str:
+        """What the policy targets, for status and the printer column."""
+        if self.operator.target_ref is not None:
+            return self.operator.target_ref.name
+        assert self.operator.selector is not None
+        return self.operator.selector.describe()
+
+
+def parse_spec(raw: Mapping[str, Any] | None) -> AdmissionPolicySpec:
+    """Split the spec between Policy and OperatorSpec and validate both; SpecError lists problems."""
+    if not isinstance(raw, Mapping):
+        raise SpecError("spec: must be an object")
+    policy_part = {key: value for key, value in raw.items() if key in POLICY_KEYS}
+    operator_part = {key: value for key, value in raw.items() if key not in POLICY_KEYS}
+    problems: list[str] = []
+    policy = operator = None
+    try:
+        policy = Policy.model_validate(policy_part)
+    except ValidationError as invalid:
+        problems += _problems(invalid)
+    try:
+        operator = OperatorSpec.model_validate(operator_part)
+    except ValidationError as invalid:
+        problems += _problems(invalid)
+    if problems or policy is None or operator is None:
+        raise SpecError("; ".join(problems))
+    return AdmissionPolicySpec(operator=operator, policy=policy)
+
+
+def _problems(invalid: ValidationError) -> list[str]:
+    found = []
+    for error in invalid.errors():
+        path = ".".join(str(part) for part in ("spec", *error["loc"]))
+        message = str(error["msg"]).removeprefix("Value error, ")
+        found.append(f"{path}: {message}")
+    return found

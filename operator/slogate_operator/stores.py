@@ -1,0 +1,135 @@
+"""The two objects the operator keeps per policy or namespace, read and written idempotently.
+
+- The admin token Secret (one per namespace): created with a random token if missing;
+  every policy that uses it is listed among its owners.
+- The thresholds ConfigMap (one per policy): ``thresholds.json`` for the sidecars and
+  ``profile.json``, the calibration it was derived from, so a policy change re-derives
+  without measuring again. Annotations say which container fingerprint the profile
+  describes and which policy the thresholds were derived for.
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import ValidationError
+
+from slogate_admission.schema import CalibrationProfile, Policy, Thresholds
+from slogate_operator import builders, names
+from slogate_operator.client import CONFIGMAPS, SECRETS, AlreadyExistsError, ConflictError, KubeClient
+
+log = logging.getLogger("slogate.operator")
+
+
+async def ensure_token(client: KubeClient, policy: builders.PolicyRef, secret_name: str) -> str:
+    """The namespace's admin token, creating the Secret or adding this policy as an owner."""
+    for _ in range(5):
+        secret = await client.get(SECRETS, policy.namespace, secret_name)
+        if secret is None:
+            body = builders.admin_token_secret(policy.namespace, secret_name, secrets.token_urlsafe(32), [policy])
+            try:
+                secret = await client.create(SECRETS, policy.namespace, body)
+            except AlreadyExistsError:
+                continue  # another writer was first: read theirs
+        token = builders.secret_token(secret)
+        if token is None:
+            raise ValueError(f"Secret {policy.namespace}/{secret_name} has no {names.TOKEN_KEY!r} key")
+        owners = secret["metadata"].get("ownerReferences") or []
+        if any(o.get("uid") == policy.uid for o in owners):
+            return token
+        owners = [*owners, policy.owner_reference(controller=False)]
+        ops = [
+            {"op": "test", "path": "/metadata/resourceVersion", "value": secret["metadata"].get("resourceVersion")},
+            {"op": "add", "path": "/metadata/ownerReferences", "value": owners},
+        ]
+        try:
+            await client.json_patch(SECRETS, policy.namespace, secret_name, ops)
+        except ConflictError:
+            continue
+        return token
+    raise ConflictError(409, "Conflict", f"Secret {policy.namespace}/{secret_name} kept changing")
+
+
+def policy_digest(policy: Policy) -> str:
+    """Identifies the policy thresholds were derived for."""
+    return names.short_hash(policy.model_dump_json(by_alias=True), 16)
+
+
+@dataclass(frozen=True, slots=True)
+class StoredCalibration:
+    """What the thresholds ConfigMap holds."""
+
+    exists: bool
+    profile: CalibrationProfile | None = None
+    container_fingerprint: str | None = None
+    job: str = ""
+    recalibrate: str = ""
+    thresholds: Thresholds | None = None
+    policy_digest: str | None = None
+
+    @property
+    def measured_at(self) -> float | None:
+        return self.profile.measured_at.timestamp() if self.profile else None
+
+
+def read_stored(configmap: dict[str, Any] | None) -> StoredCalibration:
+    """Parse the ConfigMap; an unreadable document counts as absent (and is logged)."""
+    if configmap is None:
+        return StoredCalibration(exists=False)
+    data = configmap.get("data") or {}
+    notes = configmap["metadata"].get("annotations") or {}
+    profile = thresholds = None
+    try:
+        if names.PROFILE_KEY in data:
+            profile = CalibrationProfile.model_validate_json(data[names.PROFILE_KEY])
+        if names.THRESHOLDS_KEY in data:
+            thresholds = Thresholds.model_validate_json(data[names.THRESHOLDS_KEY])
+    except ValidationError as invalid:
+        log.warning("ConfigMap %s holds an invalid document, ignored: %s", configmap["metadata"]["name"], invalid)
+    return StoredCalibration(
+        exists=True,
+        profile=profile,
+        container_fingerprint=notes.get(names.ANNOTATION_CONTAINER_FINGERPRINT) if profile else None,
+        job=notes.get(names.ANNOTATION_CALIBRATION_JOB, ""),
+        recalibrate=notes.get(names.ANNOTATION_RECALIBRATE, ""),
+        thresholds=thresholds,
+        policy_digest=notes.get(names.ANNOTATION_POLICY_DIGEST) if thresholds else None,
+    )
+
+
+async def load_stored(client: KubeClient, policy: builders.PolicyRef) -> StoredCalibration:
+    """Read the ConfigMap, creating it empty (so pods can mount it) if missing."""
+    name = names.thresholds_configmap_name(policy.name)
+    configmap = await client.get(CONFIGMAPS, policy.namespace, name)
+    if configmap is None:
+        try:
+            await client.create(CONFIGMAPS, policy.namespace, builders.thresholds_configmap(policy, {}, {}))
+        except AlreadyExistsError:
+            configmap = await client.get(CONFIGMAPS, policy.namespace, name)
+            return read_stored(configmap)
+        return StoredCalibration(exists=True)
+    return read_stored(configmap)
+
+
+async def save_stored(client: KubeClient, policy: builders.PolicyRef, stored: StoredCalibration) -> None:
+    """Write profile and thresholds together: a sidecar never mounts one without the other."""
+    data: dict[str, Any] = {}
+    notes: dict[str, Any] = {
+        names.ANNOTATION_CONTAINER_FINGERPRINT: stored.container_fingerprint,
+        names.ANNOTATION_CALIBRATION_JOB: stored.job or None,
+        names.ANNOTATION_RECALIBRATE: stored.recalibrate or None,
+        names.ANNOTATION_POLICY_DIGEST: stored.policy_digest,
+    }
+    if stored.profile is not None:
+        data[names.PROFILE_KEY] = stored.profile.model_dump_json(by_alias=True)
+    if stored.thresholds is not None:
+        data[names.THRESHOLDS_KEY] = stored.thresholds.model_dump_json(by_alias=True)
+    await client.merge_patch(
+        CONFIGMAPS,
+        policy.namespace,
+        names.thresholds_configmap_name(policy.name),
+        {"metadata": {"annotations": notes}, "data": data},
+    )

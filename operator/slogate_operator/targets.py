@@ -1,0 +1,131 @@
+"""Which Deployments a policy gates, their llama.cpp containers, and (un)injecting the sidecar."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from slogate_operator import builders
+from slogate_operator.client import DEPLOYMENTS, ConflictError, KubeClient
+from slogate_operator.fingerprint import ContainerNotFoundError, LlamaContainer, container_fingerprint, llama_container
+from slogate_operator.injection import claimed_by, template_patch
+from slogate_operator.spec import AdmissionPolicySpec
+
+CONFLICT_RETRIES = 5
+
+
+@dataclass(frozen=True, slots=True)
+class Target:
+    """A selected Deployment and its llama.cpp container."""
+
+    deployment: Mapping[str, Any]
+    llama: LlamaContainer
+    fingerprint: str
+
+    @property
+    def name(self) -> str:
+        return str(self.deployment["metadata"]["name"])
+
+
+@dataclass(frozen=True, slots=True)
+class TargetScan:
+    """What the Deployments of the namespace say about a policy."""
+
+    targets: tuple[Target, ...]
+    problems: tuple[str, ...]
+    """Selected Deployments the policy cannot gate (no such container, gated by another policy)."""
+    strays: tuple[Mapping[str, Any], ...]
+    """Deployments this policy injected that it no longer selects: the sidecar must go."""
+
+    @property
+    def fingerprints(self) -> set[str]:
+        return {t.fingerprint for t in self.targets}
+
+
+def selected(spec: AdmissionPolicySpec, deployments: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    """The Deployments the spec names (targetRef) or selects by their own labels (selector)."""
+    ref, selector = spec.operator.target_ref, spec.operator.selector
+    if ref is not None:
+        return [d for d in deployments if d["metadata"]["name"] == ref.name]
+    assert selector is not None
+    return [d for d in deployments if selector.matches(d["metadata"].get("labels") or {})]
+
+
+def scan(
+    policy: str, spec: AdmissionPolicySpec, deployments: Sequence[Mapping[str, Any]], recalibrate: str | None
+) -> TargetScan:
+    """Targets with their fingerprints, problems, and strays. Pure."""
+    mine = builders.policy_label_value(policy)
+    chosen = sorted(selected(spec, deployments), key=lambda d: str(d["metadata"]["name"]))
+    targets: list[Target] = []
+    problems: list[str] = []
+    for deployment in chosen:
+        template = (deployment.get("spec") or {}).get("template") or {}
+        name = deployment["metadata"]["name"]
+        owner = claimed_by(template)
+        if owner is not None and owner != mine:
+            problems.append(f"Deployment {name} is already gated by policy {owner!r}")
+            continue
+        try:
+            llama = llama_container(template.get("spec") or {}, spec.operator.container)
+        except ContainerNotFoundError as error:
+            problems.append(f"Deployment {name}: {error}")
+            continue
+        targets.append(Target(deployment, llama, container_fingerprint(llama, recalibrate)))
+    chosen_names = {d["metadata"]["name"] for d in chosen}
+    strays = tuple(
+        d
+        for d in deployments
+        if d["metadata"]["name"] not in chosen_names and claimed_by((d.get("spec") or {}).get("template") or {}) == mine
+    )
+    return TargetScan(tuple(targets), tuple(problems), strays)
+
+
+async def apply_template(
+    client: KubeClient,
+    namespace: str,
+    deployment: Mapping[str, Any],
+    desired_from: Callable[[Mapping[str, Any]], dict[str, Any]],
+) -> bool:
+    """Patch the pod template to ``desired_from(current)``; True if it changed.
+
+    Conflicts (someone changed the Deployment meanwhile) re-read and retry, so the
+    desired template is always computed from the latest one.
+    """
+    current: Mapping[str, Any] | None = deployment
+    for _ in range(CONFLICT_RETRIES):
+        if current is None:
+            return False
+        ops = template_patch(current, desired_from((current.get("spec") or {}).get("template") or {}))
+        if not ops:
+            return False
+        name = str(current["metadata"]["name"])
+        try:
+            await client.json_patch(DEPLOYMENTS, namespace, name, ops)
+        except ConflictError:
+            current = await client.get(DEPLOYMENTS, namespace, name)
+            continue
+        return True
+    raise ConflictError(409, "Conflict", f"Deployment {namespace}/{deployment['metadata']['name']} kept changing")
+
+
+def pod_selector(deployment: Mapping[str, Any]) -> tuple[str, Callable[[Mapping[str, Any]], bool]]:
+    """The Deployment's pod selector as a query string and as a predicate on pod labels."""
+    selector = (deployment.get("spec") or {}).get("selector") or {}
+    match = dict(selector.get("matchLabels") or {})
+    expressions = list(selector.get("matchExpressions") or [])
+
+    def matches(pod: Mapping[str, Any]) -> bool:
+        labels = (pod.get("metadata") or {}).get("labels") or {}
+        if any(labels.get(k) != v for k, v in match.items()):
+            return False
+        for term in expressions:
+            key, op, values = term.get("key"), term.get("operator"), term.get("values") or []
+            if (op == "In" and labels.get(key) not in values) or (op == "NotIn" and labels.get(key) in values):
+                return False
+            if (op == "Exists" and key not in labels) or (op == "DoesNotExist" and key in labels):
+                return False
+        return True
+
+    return ",".join(f"{k}={v}" for k, v in sorted(match.items())), matches

@@ -1,0 +1,409 @@
+"""The operator's test plumbing in one place: a kmock cluster, the real kopf operator,
+and the controllers Kubernetes would run (Jobs, Deployments) played by the tests.
+
+- ``ClusterEmulator``: kmock 0.8 plus what kopf and the operator rely on and kmock
+  lacks: uid, creationTimestamp, resourceVersion (bumped on every write), generation
+  (bumped on spec changes), 422 for a failed JSON-patch ``test``, and injected faults.
+- ``Cluster``: the emulator served from a background thread, with a small synchronous
+  client for test code and the controller players (``complete_job``, ``run_pods``...).
+- ``running_operator``: the real operator (``kopf run --standalone -A -m
+  slogate_operator.handlers``) in kopf's KopfRunner thread, pointed at the cluster.
+- ``eventually``: poll a condition; the timeout is a guard against hangs, never an
+  assertion about speed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime
+import itertools
+import json
+import os
+import threading
+import time
+import urllib.error
+import urllib.request
+import uuid
+from collections.abc import Callable, Coroutine, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+import aiohttp.web
+import attrs
+import jsonpatch
+import kmock
+import yaml
+from kopf.testing import KopfRunner
+
+from slogate_operator import names
+
+T = TypeVar("T")
+ROOT = Path(__file__).resolve().parent.parent
+CRD_PATH = ROOT / "crds" / "admissionpolicies.slogate.dev.yaml"
+POLICIES = "/apis/slogate.dev/v1alpha1/namespaces/{ns}/admissionpolicies"
+DEPLOYMENTS = "/apis/apps/v1/namespaces/{ns}/deployments"
+JOBS = "/apis/batch/v1/namespaces/{ns}/jobs"
+PODS = "/api/v1/namespaces/{ns}/pods"
+CONFIGMAPS = "/api/v1/namespaces/{ns}/configmaps"
+SECRETS = "/api/v1/namespaces/{ns}/secrets"
+EVENTS = "/api/v1/namespaces/{ns}/events"
+NS = "llm"
+
+
+@dataclass
+class Fault:
+    """Answer the next ``times`` requests of ``method`` on ``plural`` with ``status``."""
+
+    method: str
+    plural: str
+    status: int
+    times: int = 1
+
+
+@attrs.define(kw_only=True)
+class ClusterEmulator(kmock.KubernetesEmulator):
+    """kmock's emulator with the object metadata a real API server maintains."""
+
+    versions: Iterator[int] = attrs.field(factory=lambda: itertools.count(1))
+    faults: list[Fault] = attrs.field(factory=list)
+
+    async def _handle(self, request: kmock.Request) -> aiohttp.web.StreamResponse:
+        if request.resource is not None:
+            self._inject_fault(request)
+            data = request.data
+            if request.action == kmock.action.CREATE and isinstance(data, dict):
+                meta = data.setdefault("metadata", {})
+                meta.setdefault("uid", str(uuid.uuid4()))
+                meta.setdefault("creationTimestamp", _now())
+                meta["resourceVersion"] = str(next(self.versions))
+                meta["generation"] = 1
+            elif request.action == kmock.action.UPDATE and request.name:
+                version = str(next(self.versions))
+                spec_changed = self._touches_spec(request)
+                if isinstance(data, dict):
+                    meta = data.setdefault("metadata", {})
+                    if isinstance(meta, dict):
+                        meta["resourceVersion"] = version
+                        if spec_changed:
+                            meta["generation"] = self._generation(request) + 1
+                elif isinstance(data, list):
+                    data.append({"op": "add", "path": "/metadata/resourceVersion", "value": version})
+                    if spec_changed:
+                        data.append({"op": "add", "path": "/metadata/generation", "value": self._generation(request) + 1})
+        return await super()._handle(request)
+
+    def _inject_fault(self, request: kmock.Request) -> None:
+        for fault in self.faults:
+            if fault.times > 0 and request.method.value == fault.method and request.resource.plural == fault.plural:
+                fault.times -= 1
+                raise kmock.KubernetesError(status=fault.status, reason="InjectedFault", message="injected by the test")
+
+    def _touches_spec(self, request: kmock.Request) -> bool:
+        if request.subresource == "status":
+            return False
+        if isinstance(request.data, dict):
+            return "spec" in request.data
+        if isinstance(request.data, list):
+            return any(str(op.get("path", "")).startswith("/spec") for op in request.data)
+        return False
+
+    def _generation(self, request: kmock.Request) -> int:
+        try:
+            stored = self.objects[request.resource, request.namespace, request.name]
+        except KeyError:
+            return 0
+        if stored.deleted:
+            return 0
+        return int(stored.get("metadata", {}).get("generation", 1))
+
+    async def _render_error(self, exc: Exception) -> aiohttp.web.StreamResponse:
+        if isinstance(exc, jsonpatch.JsonPatchTestFailed):  # as kube-apiserver: 422
+            body = {"kind": "Status", "apiVersion": "v1", "code": 422, "status": "Failure",
+                    "reason": "Invalid", "message": str(exc)}  # fmt: skip
+            return aiohttp.web.json_response(body, status=422)
+        return await super()._render_error(exc)
+
+
+def _now() -> str:
+    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+class LoopThread:
+    """An asyncio loop in a daemon thread; ``run`` submits a coroutine and waits for it."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, name="test-loop", daemon=True)
+        self.thread.start()
+
+    def run(self, coroutine: Coroutine[Any, Any, T], timeout: float = 60.0) -> T:
+        return asyncio.run_coroutine_threadsafe(coroutine, self.loop).result(timeout)
+
+    def stop(self) -> None:
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(timeout=10)
+
+
+class ApiError(RuntimeError):
+    def __init__(self, status: int, body: str) -> None:
+        super().__init__(f"{status}: {body[:300]}")
+        self.status = status
+
+
+class Cluster:
+    """kmock in a background thread, and a synchronous client for the tests."""
+
+    def __init__(self) -> None:
+        self.loop = LoopThread()
+        self.emulator, self._server = self.loop.run(self._start())
+        self.url = str(self._server.url).rstrip("/")
+
+    async def _start(self) -> tuple[ClusterEmulator, kmock.Server]:
+        emulator = ClusterEmulator()
+        await emulator.__aenter__()
+        emulator.resources.load_bundled()
+        crd = yaml.safe_load(CRD_PATH.read_text())["spec"]
+        emulator.resources[f"{crd['group']}/{crd['versions'][0]['name']}/{crd['names']['plural']}"] = kmock.ResourceInfo(
+            kind=crd["names"]["kind"], singular=crd["names"]["singular"], namespaced=True,
+            shortnames=set(crd["names"]["shortNames"]), subresources={"status"},
+            verbs={"get", "list", "watch", "create", "patch", "delete", "update"},
+        )  # fmt: skip
+        server = kmock.Server(emulator)
+        await server.__aenter__()
+        return emulator, server
+
+    def close(self) -> None:
+        async def stop() -> None:
+            await self._server.__aexit__(None, None, None)
+            await self.emulator.__aexit__(None, None, None)
+
+        with contextlib.suppress(Exception):
+            self.loop.run(stop(), timeout=10)
+        self.loop.stop()
+
+    # ------------------------------------------------------------------ HTTP
+
+    def request(self, method: str, path: str, body: object = None, content_type: str = "application/json") -> Any:
+        data = json.dumps(body).encode() if body is not None else None
+        request = urllib.request.Request(self.url + path, method=method, data=data, headers={"Content-Type": content_type})
+        try:
+            with urllib.request.urlopen(request, timeout=30) as response:
+                return json.loads(response.read() or b"null")
+        except urllib.error.HTTPError as error:
+            raise ApiError(error.code, error.read().decode(errors="replace")) from None
+
+    def get(self, collection: str, name: str, ns: str = NS) -> dict[str, Any] | None:
+        try:
+            found: dict[str, Any] = self.request("GET", f"{collection.format(ns=ns)}/{name}")
+        except ApiError as error:
+            if error.status == 404:
+                return None
+            raise
+        return found
+
+    def list(self, collection: str, ns: str = NS) -> list[dict[str, Any]]:
+        return list(self.request("GET", collection.format(ns=ns)).get("items") or [])
+
+    def create(self, collection: str, body: dict[str, Any], ns: str = NS) -> dict[str, Any]:
+        body.setdefault("metadata", {}).setdefault("namespace", ns)
+        created: dict[str, Any] = self.request("POST", collection.format(ns=ns), body)
+        return created
+
+    def patch(self, collection: str, name: str, patch: dict[str, Any], ns: str = NS, sub: str = "") -> dict[str, Any]:
+        path = f"{collection.format(ns=ns)}/{name}" + (f"/{sub}" if sub else "")
+        patched: dict[str, Any] = self.request("PATCH", path, patch, "application/merge-patch+json")
+        return patched
+
+    def delete(self, collection: str, name: str, ns: str = NS) -> None:
+        self.request("DELETE", f"{collection.format(ns=ns)}/{name}")
+
+    # ------------------------------------------------------------------ what was asked
+
+    def calls(self, method: str, plural: str) -> list[kmock.Request]:
+        """Requests the operator (and kopf) made, e.g. ``calls("POST", "jobs")``."""
+        return [
+            r for r in list(self.emulator._requests)
+            if r.resource is not None and r.method.value == method and r.resource.plural == plural
+        ]  # fmt: skip
+
+    def verbs(self) -> set[tuple[str, str, str]]:
+        """(group, resource[/subresource], verb) of every API request served so far."""
+        found = set()
+        for r in list(self.emulator._requests):
+            if r.resource is None or r.resource.plural is None:
+                continue
+            resource = r.resource.plural + (f"/{r.subresource}" if r.subresource else "")
+            method = r.method.value
+            if method == "GET":
+                verb = "get" if r.name else ("watch" if r.params.get("watch") in ("true", "1") else "list")
+            else:
+                verb = {"POST": "create", "PATCH": "patch", "DELETE": "delete", "PUT": "update"}.get(method, method)
+            found.add((r.resource.group or "", resource, verb))
+        return found
+
+    # ------------------------------------------------------------------ the Job controller, played
+
+    def job_pod(self, job_name: str, calibrator: dict[str, Any], phase: str, ns: str = NS) -> dict[str, Any]:
+        """Create the Job's pod with the calibrator container in the given terminated state."""
+        job = self.get(JOBS, job_name, ns)
+        assert job is not None, f"no Job {job_name}"
+        uid = job["metadata"]["uid"]
+        pod = {
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {
+                "name": f"{job_name}-{uuid.uuid4().hex[:5]}",
+                "labels": dict(job["spec"]["template"]["metadata"]["labels"], **{
+                    "job-name": job_name, "batch.kubernetes.io/job-name": job_name, "controller-uid": uid,
+                }),
+                "ownerReferences": [{"apiVersion": "batch/v1", "kind": "Job", "name": job_name, "uid": uid,
+                                     "controller": True}],
+            },
+            "spec": job["spec"]["template"]["spec"],
+            "status": {"phase": phase, "containerStatuses": [
+                {"name": names.CALIBRATOR_CONTAINER, "ready": False, "restartCount": 0, "image": "slogate",
+                 "imageID": "", "state": {"terminated": calibrator}},
+            ]},
+        }  # fmt: skip
+        return self.create(PODS, pod, ns)
+
+    def complete_job(self, job_name: str, message: str, ns: str = NS) -> None:
+        """The calibrator exited 0 with ``message`` as its termination message; the Job completes."""
+        self.job_pod(job_name, {"exitCode": 0, "reason": "Completed", "message": message}, "Succeeded", ns)
+        conditions = [{"type": "SuccessCriteriaMet", "status": "True"}, {"type": "Complete", "status": "True"}]
+        self.patch(JOBS, job_name, {"status": {"succeeded": 1, "conditions": conditions}}, ns, sub="status")
+
+    def fail_job(self, job_name: str, log_tail: str, reason: str = "BackoffLimitExceeded", ns: str = NS) -> None:
+        """The calibrator failed (its log tail is the message); the Job fails with ``reason``."""
+        self.job_pod(job_name, {"exitCode": 2, "reason": "Error", "message": log_tail}, "Failed", ns)
+        failed = {"type": "Failed", "status": "True", "reason": reason, "message": "Job has reached the specified backoff limit"}
+        self.patch(JOBS, job_name, {"status": {"failed": 1, "conditions": [failed]}}, ns, sub="status")
+
+    # ------------------------------------------------------------------ the Deployment controller, played
+
+    def run_pods(self, deployment_name: str, ips: list[str], ns: str = NS) -> list[str]:
+        """Running pods of the Deployment's current template, one per IP; their sidecars run."""
+        deployment = self.get(DEPLOYMENTS, deployment_name, ns)
+        assert deployment is not None
+        template = deployment["spec"]["template"]
+        made = []
+        for index, ip in enumerate(ips):
+            statuses = [
+                {"name": c["name"], "ready": False, "restartCount": 0, "image": c["image"], "imageID": "",
+                 "state": {"running": {"startedAt": _now()}}}
+                for c in template["spec"]["containers"]
+            ]  # fmt: skip
+            pod = {
+                "apiVersion": "v1", "kind": "Pod",
+                "metadata": {"name": f"{deployment_name}-{index}-{uuid.uuid4().hex[:5]}",
+                             "labels": dict(template["metadata"]["labels"])},
+                "spec": template["spec"],
+                "status": {"phase": "Running", "podIP": ip, "containerStatuses": statuses},
+            }  # fmt: skip
+            made.append(self.create(PODS, pod, ns)["metadata"]["name"])
+        return made
+
+
+def llama_deployment(
+    name: str = "smollm2", args: list[str] | None = None, labels: dict[str, str] | None = None, replicas: int = 1
+) -> dict[str, Any]:
+    """A llama.cpp Deployment shaped like examples/smollm2.yaml: model from an init container."""
+    match = {"app": name}
+    return {
+        "apiVersion": "apps/v1", "kind": "Deployment",
+        "metadata": {"name": name, "labels": dict(labels or {}, app=name)},
+        "spec": {
+            "replicas": replicas,
+            "selector": {"matchLabels": match},
+            "template": {
+                "metadata": {"labels": dict(match)},
+                "spec": {
+                    "initContainers": [{
+                        "name": "model", "image": "ghcr.io/slogate/smollm2-gguf:0.1.2",
+                        "command": ["cp", "/models/SmolLM2-135M-Instruct.Q4_1.gguf", "/model/"],
+                        "volumeMounts": [{"name": "model", "mountPath": "/model"}],
+                    }],
+                    "containers": [{
+                        "name": "llama", "image": "ghcr.io/ggml-org/llama.cpp:server",
+                        "args": args if args is not None else [
+                            "-m", "/model/SmolLM2-135M-Instruct.Q4_1.gguf", "--host", "0.0.0.0", "--port", "8080",
+                            "-t", "2", "-np", "4", "-c", "8192", "--metrics",
+                        ],
+                        "ports": [{"name": "http", "containerPort": 8080}],
+                        "resources": {"requests": {"cpu": "2", "memory": "512Mi"}, "limits": {"cpu": "2"}},
+                        "volumeMounts": [{"name": "model", "mountPath": "/model", "readOnly": True}],
+                    }],
+                    "volumes": [{"name": "model", "emptyDir": {}}],
+                },
+            },
+        },
+    }  # fmt: skip
+
+
+def admission_policy(name: str = "smollm2", **spec: Any) -> dict[str, Any]:
+    """An AdmissionPolicy for the Deployment of the same name, with a 2 s TTFT SLO unless told."""
+    body: dict[str, Any] = {"targetRef": {"kind": "Deployment", "name": name}, "slo": {"ttftSeconds": 2.0}}
+    body.update(spec)
+    return {"apiVersion": "slogate.dev/v1alpha1", "kind": "AdmissionPolicy", "metadata": {"name": name}, "spec": body}
+
+
+TEST_SETTINGS = {
+    "STANDALONE": "true",
+    "RESYNC_SECONDS": "0.5",
+    "ERROR_BACKOFF_SECONDS": "0.2",
+    "CALIBRATION_RETRY_SECONDS": "1",
+    "PUSH_ATTEMPTS": "2",
+    "PUSH_BACKOFF_SECONDS": "0.05",
+    "PUSH_TIMEOUT_SECONDS": "2",
+    "API_BACKOFF_SECONDS": "0.05",
+    "METRICS_PORT": "0",
+    "LIVENESS_PORT": "0",
+    "IMAGE": "slogate:test",
+}
+
+
+@contextlib.contextmanager
+def running_operator(cluster: Cluster, **settings: str) -> Iterator[KopfRunner]:
+    """The real operator, in kopf's test runner thread, against the cluster."""
+    env = {f"SLOGATE_OPERATOR_{k}": v for k, v in {**TEST_SETTINGS, **settings}.items()}
+    env["SLOGATE_OPERATOR_KUBE_API"] = cluster.url
+    saved = {key: os.environ.get(key) for key in env}
+    os.environ.update(env)
+    try:
+        with KopfRunner(["run", "--standalone", "-A", "-m", "slogate_operator.handlers"], timeout=30) as runner:
+            yield runner
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+def eventually(check: Callable[[], T], *, timeout: float = 30.0, interval: float = 0.05, what: str = "") -> T:
+    """Poll ``check`` until it returns something truthy; fail with its last value after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while time.monotonic() < deadline:
+        try:
+            last = check()
+        except (AssertionError, KeyError, TypeError, IndexError) as problem:
+            last = problem
+        else:
+            if last:
+                return last
+        time.sleep(interval)
+    raise AssertionError(f"never happened{': ' + what if what else ''}; last seen: {last!r}")
+
+
+def condition(policy: dict[str, Any] | None, kind: str) -> dict[str, Any]:
+    """A condition of a policy's status, or {} if absent."""
+    for found in ((policy or {}).get("status") or {}).get("conditions") or ():
+        if found.get("type") == kind:
+            return dict(found)
+    return {}
+
+
+def job_names(cluster: Cluster, ns: str = NS) -> list[str]:
+    return sorted(j["metadata"]["name"] for j in cluster.list(JOBS, ns))
