@@ -1,0 +1,258 @@
+"""The shedding alert, end to end: Debian's real Prometheus with the chart's rules scrapes a
+real sidecar in front of the real llama-server; quiet at low load, firing under overload.
+
+The rules are rendered from the chart with ci/fast-alerts-values.yaml (20 s windows, `for:
+2s`); Prometheus scrapes and evaluates every second. No operator runs here, so the shedding
+alerts use their fallback ratios (the AdmissionPolicy defaults, 5 % and 25 %). The test
+asserts states and orderings on Prometheus' own clock, never durations.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+import re
+import shutil
+import signal
+import socket
+import subprocess
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+import yaml
+
+from sidecar_harness import RunningSidecar, sidecar_in_front_of, thresholds_for
+from slogate_admission.schema import CalibrationProfile
+from slogate_calibration.runtime import LlamaServer
+from unit.chart.chart_tools import CHART, concrete, dashboard, dashboard_exprs, load_values, rule_groups
+
+FAST_VALUES = CHART / "ci" / "fast-alerts-values.yaml"
+# The labels the PodMonitor's relabelling gives a sidecar's series in a cluster.
+TARGET_LABELS = {"namespace": "llm", "policy": "smollm2", "workload": "smollm2", "pod": "smollm2-0"}
+WARNING = "SlogateSheddingWarning"
+CRITICAL = "SlogateSheddingCritical"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+@dataclass
+class Prometheus:
+    """A running Prometheus and a client of its HTTP API."""
+
+    url: str
+    session: aiohttp.ClientSession
+    log: Path
+
+    async def api(self, path: str, **params: str) -> Any:
+        async with self.session.get(self.url + path, params=params) as response:
+            body = await response.json()
+        assert body["status"] == "success", f"{path} {params}: {body}"
+        return body["data"]
+
+    async def query(self, expr: str) -> list[dict[str, Any]]:
+        data = await self.api("/api/v1/query", query=expr)
+        result: list[dict[str, Any]] = data["result"]
+        return result
+
+    async def alerts(self, name: str) -> list[dict[str, Any]]:
+        data = await self.api("/api/v1/alerts")
+        return [a for a in data["alerts"] if a["labels"]["alertname"] == name]
+
+    async def rule(self, name: str) -> dict[str, Any]:
+        data = await self.api("/api/v1/rules", type="alert")
+        found = [r for g in data["groups"] for r in g["rules"] if r["name"] == name]
+        assert len(found) == 1, f"rule {name}: {found}"
+        return found[0]
+
+    def log_tail(self) -> str:
+        return "\n".join(self.log.read_text(errors="replace").splitlines()[-30:])
+
+
+@asynccontextmanager
+async def running_prometheus(
+    tmp_path: Path, sidecar_admin: str, rules: list[dict[str, Any]]
+) -> AsyncIterator[Prometheus]:
+    """Debian's prometheus on a free port, scraping the sidecar's admin port every second."""
+    binary = shutil.which("prometheus")
+    if binary is None:
+        pytest.fail("prometheus is missing: `make prometheus` installs Debian's prometheus package", pytrace=False)
+    (tmp_path / "rules.yaml").write_text(yaml.safe_dump({"groups": rules}, sort_keys=False))
+    config = {
+        "global": {"scrape_interval": "1s", "evaluation_interval": "1s", "scrape_timeout": "1s"},
+        "rule_files": [str(tmp_path / "rules.yaml")],
+        "scrape_configs": [
+            {
+                "job_name": "slogate-sidecars",
+                "static_configs": [{"targets": [sidecar_admin.removeprefix("http://")], "labels": TARGET_LABELS}],
+            }
+        ],
+    }
+    (tmp_path / "prometheus.yml").write_text(yaml.safe_dump(config))
+    port = free_port()
+    log = tmp_path / "prometheus.log"
+    with log.open("wb") as out:
+        process = subprocess.Popen(
+            [
+                binary, f"--config.file={tmp_path / 'prometheus.yml'}",
+                f"--storage.tsdb.path={tmp_path / 'data'}", f"--web.listen-address=127.0.0.1:{port}",
+                "--log.level=warn",
+            ],
+            stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+        )  # fmt: skip
+    url = f"http://127.0.0.1:{port}"
+    try:
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as session:
+            prometheus = Prometheus(url, session, log)
+            for _ in range(300):  # generous: Prometheus replays its (empty) WAL first
+                if process.poll() is not None:
+                    pytest.fail(f"prometheus exited ({process.returncode}):\n{prometheus.log_tail()}", pytrace=False)
+                try:
+                    async with session.get(url + "/-/ready") as r:
+                        if r.status == 200:
+                            break
+                except aiohttp.ClientError:
+                    pass
+                await asyncio.sleep(0.1)
+            else:
+                pytest.fail(f"prometheus never became ready:\n{prometheus.log_tail()}", pytrace=False)
+            yield prometheus
+    finally:
+        os.killpg(process.pid, signal.SIGTERM)
+        try:
+            process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+
+
+async def wait_for(what: str, check: Any, prometheus: Prometheus, attempts: int = 600) -> Any:
+    """Poll `check()` every 0.2 s until it returns something truthy (bounded, generous)."""
+    for _ in range(attempts):
+        found = await check()
+        if found:
+            return found
+        await asyncio.sleep(0.2)
+    pytest.fail(f"timed out waiting for {what}\nprometheus log:\n{prometheus.log_tail()}", pytrace=False)
+
+
+async def low_load(gate: RunningSidecar, count: int) -> list[int]:
+    """One short request at a time: well within any budget."""
+    statuses = []
+    for _ in range(count):
+        async with gate.session.post(gate.url + "/completion", json={"prompt": "The sky is", "n_predict": 4}) as r:
+            await r.read()
+            statuses.append(r.status)
+        await asyncio.sleep(0.2)
+    return statuses
+
+
+async def overload_burst(gate: RunningSidecar, rng: random.Random, size: int = 16) -> list[int]:
+    """`size` concurrent 300-token prompts: far over a 2 s TTFT budget at ~300 prefill tokens/s."""
+
+    async def one() -> int:
+        start = rng.randrange(1000, 30000)  # distinct prompts: no cache reuse
+        body = {"prompt": list(range(start, start + 300)), "n_predict": 8}
+        async with gate.session.post(gate.url + "/completion", json=body) as r:
+            await r.read()
+            assert r.status != 429 or r.headers.get("Retry-After"), "a 429 without Retry-After"
+            return r.status
+
+    return list(await asyncio.gather(*(one() for _ in range(size))))
+
+
+def parse_time(stamp: str) -> datetime:
+    """Prometheus' RFC 3339 times carry nanoseconds; Python parses at most microseconds."""
+    match = re.fullmatch(r"(.+?)(?:\.(\d+))?(Z|[+-]\d\d:\d\d)", stamp)
+    assert match, stamp
+    head, fraction, zone = match.groups()
+    return datetime.fromisoformat(f"{head}.{(fraction or '0')[:6]}{'+00:00' if zone == 'Z' else zone}")
+
+
+async def test_shedding_alert_quiet_at_low_load_firing_under_overload(
+    llama_server: LlamaServer, calibrated_profile: CalibrationProfile, tmp_path: Path
+) -> None:
+    rules = rule_groups(load_values(FAST_VALUES))
+    thresholds = thresholds_for(calibrated_profile, slo={"ttftSeconds": 2.0}, deferral={"maxWaitSeconds": 0})
+    async with (
+        sidecar_in_front_of(llama_server.url, tmp_path, thresholds) as gate,
+        running_prometheus(tmp_path, gate.admin_url, rules) as prometheus,
+    ):
+        # The target is up and its series carry the labels the rules group by.
+        up = await wait_for(
+            "the sidecar target up", lambda: prometheus.query('up{job="slogate-sidecars"} == 1'), prometheus
+        )
+        assert up[0]["metric"]["policy"] == "smollm2"
+
+        # ---- Low load: every request admitted; the rule sees traffic and stays inactive.
+        statuses = await low_load(gate, 12)
+        assert statuses == [200] * 12
+        seen = await wait_for(
+            "the low load in Prometheus",
+            lambda: prometheus.query('sum(increase(slogate_requests_total{outcome="admit"}[20s])) > 0'),
+            prometheus,
+        )
+        traffic_seen_at = float(seen[0]["value"][0])
+        refused = await prometheus.query('sum(rate(slogate_requests_total{outcome="reject"}[20s]))')
+        assert float(refused[0]["value"][1]) == 0.0
+
+        async def evaluated_after_traffic() -> dict[str, Any] | None:
+            rule = await prometheus.rule(WARNING)
+            return rule if parse_time(rule["lastEvaluation"]).timestamp() > traffic_seen_at else None
+
+        rule = await wait_for("an evaluation of the rule after the low load", evaluated_after_traffic, prometheus)
+        assert rule["health"] == "ok", rule.get("lastError")
+        assert rule["state"] == "inactive"
+        assert await prometheus.alerts(WARNING) == []
+        assert await prometheus.alerts(CRITICAL) == []
+
+        # ---- Overload: bursts until the warning fires (bounded by a generous deadline).
+        rng = random.Random(7)
+        states_seen: list[str] = []
+        burst_statuses: list[int] = []
+        for _ in range(60):
+            burst_statuses += await overload_burst(gate, rng)
+            alerts = await prometheus.alerts(WARNING)
+            states_seen += [a["state"] for a in alerts]
+            if "firing" in states_seen:
+                break
+        else:
+            pytest.fail(
+                f"{WARNING} never fired: states {states_seen}, statuses {sorted(set(burst_statuses))}, "
+                f"rule {await prometheus.rule(WARNING)}\n{prometheus.log_tail()}",
+                pytrace=False,
+            )
+        print(f"alert states seen {states_seen}; overload: {burst_statuses.count(200)} admitted, "
+              f"{burst_statuses.count(429)} rejected")  # fmt: skip
+        assert burst_statuses.count(429) > burst_statuses.count(200) > 0  # it sheds, and still serves
+        assert set(burst_statuses) <= {200, 429}
+        firing_alerts = [a for a in alerts if a["state"] == "firing"]
+        assert len(firing_alerts) == 1, alerts  # one workload, one alert
+        firing = firing_alerts[0]
+        assert {k: firing["labels"][k] for k in ("namespace", "policy", "workload", "severity")} == {
+            "namespace": "llm", "policy": "smollm2", "workload": "smollm2", "severity": "warning"
+        }  # fmt: skip
+        assert float(firing["value"]) > 0.05
+        assert firing["annotations"]["runbook_url"].endswith("#slogatesheddingwarning")
+        assert "llm/smollm2/smollm2 refuses" in firing["annotations"]["summary"]
+
+        # ---- The dashboard's queries run against this real Prometheus without error, and
+        # its rejection ratio sees the overload.
+        for _where, expr in dashboard_exprs(dashboard()):
+            await prometheus.query(concrete(expr))  # asserts status success
+        by_workload = next(e for w, e in dashboard_exprs(dashboard()) if w.startswith("panel 'Rejection ratio"))
+        ratios = await prometheus.query(concrete(by_workload))
+        assert ratios
+        assert max(float(r["value"][1]) for r in ratios) > 0.05
+        assert await gate.wait_idle()
