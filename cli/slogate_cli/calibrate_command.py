@@ -69,6 +69,8 @@ def run(args: argparse.Namespace) -> int:
     if args.out is not None:
         write_atomic(args.out, full_json(profile))
     if args.termination_message_path is not None:
-        write_atomic(args.termination_message_path, compact)
+        # Written in place, not renamed over: the kubelet bind-mounts /dev/termination-log,
+        # and rename(2) onto a mount point fails with EBUSY.
+        args.termination_message_path.write_text(compact)
     sys.stdout.write(compact + "\n")
     return 0

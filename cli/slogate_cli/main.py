@@ -9,6 +9,7 @@ from slogate_cli import (
     calibrate_command,
     demo_command,
     derive_command,
+    operator_command,
     sidecar_command,
     simulate_command,
     up_command,
@@ -28,6 +29,7 @@ def build_parser() -> OneLineParser:
     sidecar_command.add_parser(subparsers)
     demo_command.add_parser(subparsers)
     simulate_command.add_parser(subparsers)
+    operator_command.add_parser(subparsers)
     return parser
 
 

@@ -1,0 +1,289 @@
+"""The CRD and the models cannot drift: every example validates against both, every invalid
+variant is refused by both, and the two describe the same fields with the same defaults.
+
+The CRD's verdict is the API server's, emulated offline: the openAPIV3Schema (OpenAPI 3.0
+is JSON-schema draft 4 plus extensions), then defaulting, then the list-map key
+uniqueness of ``x-kubernetes-list-type: map``, then every CEL rule
+(``x-kubernetes-validations``) evaluated with cel-python (``sum()`` is the one
+Kubernetes list function the rules use, supplied here).
+"""
+
+from __future__ import annotations
+
+import copy
+import types
+import typing
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import celpy
+import jsonschema
+import pytest
+import yaml
+from operator_harness import CRD_PATH
+from pydantic import BaseModel
+
+from slogate_admission.schema import Policy
+from slogate_operator.spec import OperatorSpec, SpecError, parse_spec
+from slogate_operator.status import ConditionType
+
+EXAMPLES = Path(__file__).resolve().parents[3] / "examples"
+CRD = yaml.safe_load(CRD_PATH.read_text())
+SCHEMA = CRD["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+CEL = celpy.Environment()
+
+
+def _sum(values: celpy.celtypes.ListType) -> celpy.celtypes.IntType:
+    return celpy.celtypes.IntType(sum(int(v) for v in values))
+
+
+def apply_defaults(value: Any, schema: dict[str, Any]) -> Any:
+    """Structural defaulting as the API server does it: missing fields with a default get it."""
+    if isinstance(value, dict) and schema.get("type") == "object":
+        for name, sub in (schema.get("properties") or {}).items():
+            if name not in value and "default" in sub:
+                value[name] = copy.deepcopy(sub["default"])
+            if name in value:
+                value[name] = apply_defaults(value[name], sub)
+    elif isinstance(value, list) and "items" in schema:
+        return [apply_defaults(item, schema["items"]) for item in value]
+    return value
+
+
+def to_cel(value: Any, schema: dict[str, Any]) -> Any:
+    """A value typed as the API server types it for CEL: by its schema (a number is a double)."""
+    kind = schema.get("type")
+    if isinstance(value, dict):
+        properties = schema.get("properties") or {}
+        extra = schema.get("additionalProperties") if isinstance(schema.get("additionalProperties"), dict) else {}
+        return celpy.celtypes.MapType(
+            {celpy.celtypes.StringType(k): to_cel(v, properties.get(k, extra)) for k, v in value.items()}
+        )
+    if isinstance(value, list):
+        return celpy.celtypes.ListType([to_cel(v, schema.get("items") or {}) for v in value])
+    if isinstance(value, bool):
+        return celpy.celtypes.BoolType(value)
+    if kind == "number":
+        return celpy.celtypes.DoubleType(float(value))
+    if isinstance(value, int):
+        return celpy.celtypes.IntType(value)
+    return celpy.json_to_cel(value)
+
+
+def cel_and_list_map_errors(value: Any, schema: dict[str, Any], path: str = "") -> list[str]:
+    errors: list[str] = []
+    for rule in schema.get("x-kubernetes-validations") or ():
+        program = CEL.program(CEL.compile(rule["rule"]), functions={"sum": _sum})
+        if program.evaluate({"self": to_cel(value, schema)}) != celpy.celtypes.BoolType(True):
+            errors.append(f"{path or '.'}: {rule['message']}")
+    if isinstance(value, dict):
+        for name, sub in (schema.get("properties") or {}).items():
+            if name in value:
+                errors += cel_and_list_map_errors(value[name], sub, f"{path}.{name}")
+    if isinstance(value, list) and "items" in schema:
+        keys = schema.get("x-kubernetes-list-map-keys")
+        if schema.get("x-kubernetes-list-type") == "map" and keys:
+            seen = [tuple(item.get(k) for k in keys) for item in value]
+            if len(set(seen)) != len(seen):
+                errors.append(f"{path}: duplicate entries for key {keys}")
+        for index, item in enumerate(value):
+            errors += cel_and_list_map_errors(item, schema["items"], f"{path}[{index}]")
+    return errors
+
+
+def crd_errors(policy: dict[str, Any]) -> list[str]:
+    """Everything the API server would refuse the object for."""
+    errors = [e.message for e in jsonschema.Draft4Validator(SCHEMA).iter_errors(policy)]
+    if errors:
+        return errors
+    return cel_and_list_map_errors(apply_defaults(copy.deepcopy(policy), SCHEMA), SCHEMA)
+
+
+def model_errors(policy: dict[str, Any]) -> list[str]:
+    try:
+        parse_spec(policy.get("spec"))
+    except SpecError as error:
+        return [str(error)]
+    return []
+
+
+def example_policies() -> list[tuple[str, dict[str, Any]]]:
+    found = []
+    for path in sorted(EXAMPLES.glob("*.yaml")):
+        for doc in yaml.safe_load_all(path.read_text()):
+            if doc and doc.get("kind") == "AdmissionPolicy":
+                found.append((f"{path.name}:{doc['metadata']['name']}", doc))
+    return found
+
+
+EXAMPLE_POLICIES = example_policies()
+
+
+def test_every_example_file_has_a_policy_and_smollm2_has_the_full_set() -> None:
+    files = {name.split(":")[0] for name, _ in EXAMPLE_POLICIES}
+    assert files == {p.name for p in EXAMPLES.glob("*.yaml")}
+    full = yaml.safe_load_all((EXAMPLES / "smollm2.yaml").read_text())
+    assert {d["kind"] for d in full} == {"Deployment", "Service", "AdmissionPolicy"}
+
+
+@pytest.mark.parametrize(("name", "policy"), EXAMPLE_POLICIES, ids=[n for n, _ in EXAMPLE_POLICIES])
+def test_examples_are_valid_for_the_crd_and_the_models(name: str, policy: dict[str, Any]) -> None:
+    assert crd_errors(policy) == []
+    assert model_errors(policy) == []
+
+
+def _base() -> dict[str, Any]:
+    return copy.deepcopy(dict(EXAMPLE_POLICIES)["smollm2.yaml:smollm2"])
+
+
+def _set(path: str, value: Any) -> Callable[[dict[str, Any]], None]:
+    def change(policy: dict[str, Any]) -> None:
+        *parents, leaf = path.split(".")
+        node = policy["spec"]
+        for part in parents:
+            node = node[int(part)] if isinstance(node, list) else node.setdefault(part, {})
+        if value is _DELETE:
+            del node[leaf]
+        else:
+            node[int(leaf) if isinstance(node, list) else leaf] = value
+
+    return change
+
+
+_DELETE = object()
+INVALID: dict[str, Callable[[dict[str, Any]], None]] = {
+    "ttft zero": _set("slo.ttftSeconds", 0),
+    "ttft negative": _set("slo.ttftSeconds", -1.5),
+    "quantile one": _set("slo.quantile", 1),
+    "quantile zero": _set("slo.quantile", 0),
+    "tpot zero": _set("slo.timePerOutputTokenSeconds", 0),
+    "no slo": _set("slo", _DELETE),
+    "no ttft": _set("slo.ttftSeconds", _DELETE),
+    "unknown estimate": _set("outputTokens.estimate", "Mean"),
+    "output default zero": _set("outputTokens.default", 0),
+    "output quantile above one": _set("outputTokens.quantile", 1.2),
+    "concurrency zero": _set("concurrency.max", 0),
+    "class name upper case": _set("classes.0.name", "Interactive"),
+    "class ttft zero": _set("classes.0.ttftSeconds", 0),
+    "negative reserved slots": _set("classes.0.reservedSlots", -1),
+    "reserved slots leave the lowest class none (CEL)": _set("classes.0.reservedSlots", 4),
+    "class name repeated (list map)": _set("classes.1.name", "interactive"),
+    "default class unknown (CEL)": _set("defaultClass", "premium"),
+    "max wait negative": _set("deferral.maxWaitSeconds", -1),
+    # (not "yes": pydantic's lax mode reads it as true; the API server refuses it first)
+    "clamp not a boolean": _set("degradation.clampMaxTokens", "maybe"),
+    "both targetRef and selector (CEL)": _set("selector", {"matchLabels": {"app": "x"}}),
+    "neither targetRef nor selector (CEL)": _set("targetRef", _DELETE),
+    "target kind StatefulSet": _set("targetRef.kind", "StatefulSet"),
+    "target name not DNS": _set("targetRef.name", "Smol_LM"),
+    "container name not DNS": _set("container", "Llama_1"),
+    "budget above timeout (CEL)": _set("calibration.budgetSeconds", 400),
+    "timeout below 30": _set("calibration.timeoutSeconds", 10),
+    "same sidecar ports (CEL)": _set("sidecar.adminPort", 8081),
+    "port out of range": _set("sidecar.port", 70000),
+    "unknown prompt counting": _set("sidecar.promptCounting", "guess"),
+    "warning not below critical (CEL)": _set("alerting.rejectionRatioWarning", 0.5),
+    "warning ratio above one": _set("alerting.rejectionRatioWarning", 1.5),
+    "sidecar quantity garbage": _set("sidecar.resources", {"requests": {"cpu": "lots"}}),
+}
+
+
+def _selector_variant(selector: dict[str, Any]) -> Callable[[dict[str, Any]], None]:
+    def change(policy: dict[str, Any]) -> None:
+        del policy["spec"]["targetRef"]
+        policy["spec"]["selector"] = selector
+
+    return change
+
+
+INVALID |= {
+    "empty selector (CEL)": _selector_variant({}),
+    "In without values (CEL)": _selector_variant({"matchExpressions": [{"key": "a", "operator": "In"}]}),
+    "Exists with values (CEL)": _selector_variant(
+        {"matchExpressions": [{"key": "a", "operator": "Exists", "values": ["x"]}]}
+    ),
+    "unknown selector operator": _selector_variant({"matchExpressions": [{"key": "a", "operator": "Near"}]}),
+}
+
+
+@pytest.mark.parametrize("case", sorted(INVALID))
+def test_invalid_variants_are_refused_by_both(case: str) -> None:
+    policy = _base()
+    INVALID[case](policy)
+    assert crd_errors(policy), f"the CRD accepts: {case}"
+    assert model_errors(policy), f"the models accept: {case}"
+    if "(CEL)" in case or "(list map)" in case:
+        # Only the rule can refuse these: the plain schema must accept them, or the
+        # rule would be untested.
+        assert list(jsonschema.Draft4Validator(SCHEMA).iter_errors(policy)) == []
+
+
+def test_a_valid_selector_variant_passes_both() -> None:
+    policy = _selector_variant({"matchExpressions": [{"key": "a", "operator": "In", "values": ["x", "y"]}]})
+    changed = _base()
+    policy(changed)
+    assert crd_errors(changed) == []
+    assert model_errors(changed) == []
+
+
+# ------------------------------------------------------------------------------ same fields, same defaults
+
+
+def _model_of(annotation: Any) -> type[BaseModel] | None:
+    """The pydantic model inside an annotation (Optional[M], tuple[M, ...]), if any."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType, tuple):
+        for arg in typing.get_args(annotation):
+            found = _model_of(arg)
+            if found is not None:
+                return found
+    return None
+
+
+def _compare(model: type[BaseModel], schema: dict[str, Any], path: str, problems: list[str]) -> None:
+    if schema.get("type") == "array":
+        schema = schema["items"]
+    fields = {(info.alias or name): info for name, info in model.model_fields.items()}
+    properties = schema.get("properties") or {}
+    if set(fields) != set(properties):
+        problems.append(f"{path}: models {sorted(fields)} vs CRD {sorted(properties)}")
+    required = {alias for alias, info in fields.items() if info.is_required()}
+    if required != set(schema.get("required") or ()):
+        problems.append(f"{path}: required {sorted(required)} vs CRD {schema.get('required')}")
+    for alias, info in fields.items():
+        sub = properties.get(alias)
+        if sub is None:
+            continue
+        if "default" in sub:
+            default = info.get_default(call_default_factory=True)
+            if getattr(default, "value", default) != sub["default"]:
+                problems.append(f"{path}.{alias}: default {default!r} vs CRD {sub['default']!r}")
+        inner = _model_of(info.annotation)
+        if inner is not None and inner.__name__ != "Resources":  # quantities: int-or-string leaves
+            _compare(inner, sub, f"{path}.{alias}", problems)
+
+
+def test_crd_spec_and_models_have_the_same_fields_required_and_defaults() -> None:
+    spec_schema = SCHEMA["properties"]["spec"]
+    problems: list[str] = []
+    policy_part = {k: v for k, v in spec_schema["properties"].items() if k in {f.alias for f in Policy.model_fields.values()}}
+    operator_part = {k: v for k, v in spec_schema["properties"].items() if k not in policy_part}
+    _compare(Policy, {"properties": policy_part, "required": ["slo"]}, "spec", problems)
+    _compare(OperatorSpec, {"properties": operator_part}, "spec", problems)
+    assert spec_schema["required"] == ["slo"]
+    assert problems == []
+
+
+def test_crd_metadata_printer_columns_and_status_conditions() -> None:
+    names = CRD["spec"]["names"]
+    assert (CRD["spec"]["group"], CRD["spec"]["scope"], names["kind"], names["shortNames"]) == (
+        "slogate.dev", "Namespaced", "AdmissionPolicy", ["admpol"],
+    )  # fmt: skip
+    version = CRD["spec"]["versions"][0]
+    assert version["subresources"] == {"status": {}}
+    columns = {c["name"]: c["jsonPath"] for c in version["additionalPrinterColumns"]}
+    assert set(columns) == {"Target", "TTFT-SLO", "Token-Budget", "Concurrency", "Calibrated", "Pushed", "Ready", "Age"}
+    condition_enum = SCHEMA["properties"]["status"]["properties"]["conditions"]["items"]["properties"]["type"]["enum"]
+    assert set(condition_enum) == {c.value for c in ConditionType}
