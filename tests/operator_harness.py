@@ -42,6 +42,9 @@ from slogate_operator import names
 T = TypeVar("T")
 ROOT = Path(__file__).resolve().parent.parent
 CRD_PATH = ROOT / "crds" / "admissionpolicies.slogate.dev.yaml"
+CRD = yaml.safe_load(CRD_PATH.read_text())
+SCHEMA: dict[str, Any] = CRD["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+"""The AdmissionPolicy openAPIV3Schema (OpenAPI 3.0: JSON-schema draft 4 with extensions)."""
 POLICIES = "/apis/slogate.dev/v1alpha1/namespaces/{ns}/admissionpolicies"
 DEPLOYMENTS = "/apis/apps/v1/namespaces/{ns}/deployments"
 JOBS = "/apis/batch/v1/namespaces/{ns}/jobs"
@@ -91,7 +94,9 @@ class ClusterEmulator(kmock.KubernetesEmulator):
                 elif isinstance(data, list):
                     data.append({"op": "add", "path": "/metadata/resourceVersion", "value": version})
                     if spec_changed:
-                        data.append({"op": "add", "path": "/metadata/generation", "value": self._generation(request) + 1})
+                        data.append(
+                            {"op": "add", "path": "/metadata/generation", "value": self._generation(request) + 1}
+                        )
         return await super()._handle(request)
 
     def _inject_fault(self, request: kmock.Request) -> None:
@@ -164,7 +169,7 @@ class Cluster:
         emulator = ClusterEmulator()
         await emulator.__aenter__()
         emulator.resources.load_bundled()
-        crd = yaml.safe_load(CRD_PATH.read_text())["spec"]
+        crd = CRD["spec"]
         emulator.resources[f"{crd['group']}/{crd['versions'][0]['name']}/{crd['names']['plural']}"] = kmock.ResourceInfo(
             kind=crd["names"]["kind"], singular=crd["names"]["singular"], namespaced=True,
             shortnames=set(crd["names"]["shortNames"]), subresources={"status"},
@@ -187,7 +192,9 @@ class Cluster:
 
     def request(self, method: str, path: str, body: object = None, content_type: str = "application/json") -> Any:
         data = json.dumps(body).encode() if body is not None else None
-        request = urllib.request.Request(self.url + path, method=method, data=data, headers={"Content-Type": content_type})
+        request = urllib.request.Request(
+            self.url + path, method=method, data=data, headers={"Content-Type": content_type}
+        )
         try:
             with urllib.request.urlopen(request, timeout=30) as response:
                 return json.loads(response.read() or b"null")
@@ -277,7 +284,12 @@ class Cluster:
     def fail_job(self, job_name: str, log_tail: str, reason: str = "BackoffLimitExceeded", ns: str = NS) -> None:
         """The calibrator failed (its log tail is the message); the Job fails with ``reason``."""
         self.job_pod(job_name, {"exitCode": 2, "reason": "Error", "message": log_tail}, "Failed", ns)
-        failed = {"type": "Failed", "status": "True", "reason": reason, "message": "Job has reached the specified backoff limit"}
+        failed = {
+            "type": "Failed",
+            "status": "True",
+            "reason": reason,
+            "message": "Job has reached the specified backoff limit",
+        }
         self.patch(JOBS, job_name, {"status": {"failed": 1, "conditions": [failed]}}, ns, sub="status")
 
     # ------------------------------------------------------------------ the Deployment controller, played

@@ -10,8 +10,8 @@ from typing import Any
 import jsonpatch
 import kubernetes_validate
 import pytest
-from operator_harness import llama_deployment
 
+from operator_harness import llama_deployment
 from slogate_operator import builders, names
 from slogate_operator.fingerprint import container_fingerprint, llama_container
 from slogate_operator.injection import (
@@ -104,7 +104,10 @@ def test_job_name_is_deterministic_short_and_per_fingerprint() -> None:
     long_policy = builders.PolicyRef(name="a." * 120 + "b", namespace="llm", uid="u")
     name = names.calibration_job_name(long_policy.name, "0123456789abcdef")
     assert len(name) <= 63
-    assert name == name.lower() and "." not in name and name[0].isalnum() and name[-1].isalnum()
+    assert name == name.lower()
+    assert "." not in name
+    assert name[0].isalnum()
+    assert name[-1].isalnum()
     assert name != names.calibration_job_name("a." * 120 + "c", "0123456789abcdef")
 
 
@@ -167,7 +170,10 @@ def test_injection_is_idempotent_and_removal_restores_the_original() -> None:
     bare = deployment()
     del bare["spec"]["template"]["spec"]["volumes"]
     round_trip = patched(bare, injected_template(bare["spec"]["template"], config()))
-    assert patched(round_trip, removed_template(round_trip["spec"]["template"]))["spec"]["template"] == bare["spec"]["template"]
+    assert (
+        patched(round_trip, removed_template(round_trip["spec"]["template"]))["spec"]["template"]
+        == bare["spec"]["template"]
+    )
 
 
 def test_patch_is_guarded_by_the_resource_version() -> None:
@@ -207,7 +213,9 @@ def test_configmap_secret_and_event_are_valid() -> None:
     assert builders.secret_token(secret) == "t0ken"
     assert secret["metadata"]["ownerReferences"][0]["controller"] is False  # shared by the namespace's policies
     now = datetime(2026, 12, 2, 12, 0, tzinfo=UTC)
-    event = builders.event(POLICY, kind="Warning", reason="CalibrationFailed", message="x" * 5000, now=now, instance="op-0")
+    event = builders.event(
+        POLICY, kind="Warning", reason="CalibrationFailed", message="x" * 5000, now=now, instance="op-0"
+    )
     valid(event)
     assert len(event["message"]) == 1024
     again = builders.event(POLICY, kind="Warning", reason="TargetNotFound", message="y", now=now, instance="op-0")

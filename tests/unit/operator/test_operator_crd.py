@@ -21,16 +21,14 @@ import celpy
 import jsonschema
 import pytest
 import yaml
-from operator_harness import CRD_PATH
 from pydantic import BaseModel
 
+from operator_harness import CRD, SCHEMA
 from slogate_admission.schema import Policy
 from slogate_operator.spec import OperatorSpec, SpecError, parse_spec
 from slogate_operator.status import ConditionType
 
 EXAMPLES = Path(__file__).resolve().parents[3] / "examples"
-CRD = yaml.safe_load(CRD_PATH.read_text())
-SCHEMA = CRD["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
 CEL = celpy.Environment()
 
 
@@ -268,7 +266,9 @@ def _compare(model: type[BaseModel], schema: dict[str, Any], path: str, problems
 def test_crd_spec_and_models_have_the_same_fields_required_and_defaults() -> None:
     spec_schema = SCHEMA["properties"]["spec"]
     problems: list[str] = []
-    policy_part = {k: v for k, v in spec_schema["properties"].items() if k in {f.alias for f in Policy.model_fields.values()}}
+    policy_part = {
+        k: v for k, v in spec_schema["properties"].items() if k in {f.alias for f in Policy.model_fields.values()}
+    }
     operator_part = {k: v for k, v in spec_schema["properties"].items() if k not in policy_part}
     _compare(Policy, {"properties": policy_part, "required": ["slo"]}, "spec", problems)
     _compare(OperatorSpec, {"properties": operator_part}, "spec", problems)
