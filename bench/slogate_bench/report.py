@@ -326,7 +326,7 @@ def targets(raw: dict[str, Any], mu: float) -> list[tuple[str, str, bool | None]
                 _attainment(g) >= _attainment(c),
             )
         )
-    for kind in ("immediate", "backoff"):
+    for kind in ("immediate", "backoff", "budget"):
         r = _find(raw["runs"], "slogate", 2.0, workload="chat", retry=kind)
         if r:
             p = r["rejection_probability"]

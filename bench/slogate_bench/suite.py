@@ -199,7 +199,7 @@ async def suite(
         (s, load, chat, NO_RETRY) for load in LOADS for s in SCENARIOS
     ]
     plan += [(s, 2.0, heavy, NO_RETRY) for s in ("count-cap", "slogate")]
-    plan += [("slogate", 2.0, chat, RetryPolicy("immediate")), ("slogate", 2.0, chat, RetryPolicy("backoff"))]
+    plan += [("slogate", 2.0, chat, RetryPolicy(kind)) for kind in ("immediate", "backoff", "budget")]
     results = []
     log_dir = state_dir / "bench-logs"
     log_dir.mkdir(parents=True, exist_ok=True)
