@@ -37,7 +37,7 @@ import kmock
 import yaml
 from kopf.testing import KopfRunner
 
-from slogate_operator import names
+from slogate_operator import metrics, names
 
 T = TypeVar("T")
 ROOT = Path(__file__).resolve().parent.parent
@@ -235,11 +235,14 @@ class Cluster:
             if r.resource is not None and r.method.value == method and r.resource.plural == plural
         ]  # fmt: skip
 
-    def verbs(self) -> set[tuple[str, str, str]]:
-        """(group, resource[/subresource], verb) of every API request served so far."""
+    def verbs(self, exclude_agent: str = "") -> set[tuple[str, str, str]]:
+        """(group, resource[/subresource], verb) of the API requests served so far, except
+        those whose User-Agent starts with ``exclude_agent`` (this client's: urllib)."""
         found = set()
         for r in list(self.emulator._requests):
             if r.resource is None or r.resource.plural is None:
+                continue
+            if exclude_agent and r.headers.get("User-Agent", "").startswith(exclude_agent):
                 continue
             resource = r.resource.plural + (f"/{r.subresource}" if r.subresource else "")
             method = r.method.value
@@ -415,6 +418,20 @@ def condition(policy: dict[str, Any] | None, kind: str) -> dict[str, Any]:
         if found.get("type") == kind:
             return dict(found)
     return {}
+
+
+def passes(name: str, ns: str = NS) -> float:
+    """Completed reconcile passes of a policy (the operator runs in this process)."""
+    value = metrics.REGISTRY.get_sample_value(
+        "slogate_operator_reconciles_total", {"namespace": ns, "policy": name, "result": "ok"}
+    )
+    return value or 0.0
+
+
+def settle(name: str, ns: str = NS, more: int = 2) -> None:
+    """Wait until the operator has run ``more`` further passes over the policy."""
+    target = passes(name, ns) + more
+    eventually(lambda: passes(name, ns) >= target, what=f"{more} more reconcile passes of {ns}/{name}")
 
 
 def job_names(cluster: Cluster, ns: str = NS) -> list[str]:

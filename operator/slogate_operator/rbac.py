@@ -1,0 +1,64 @@
+"""What the operator calls on the Kubernetes API, and why: the one list the docs table
+(docs/operator.md, "RBAC: what the operator calls") and the chart's Role mirror.
+A test records every request the running operator (and kopf in it) makes against the
+API mock and checks each one is listed here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class Permission:
+    """One RBAC rule: group, resource, verbs, and the reason the operator needs them."""
+
+    group: str
+    resource: str
+    verbs: tuple[str, ...]
+    why: str
+    scope: str = "namespace"
+    """``namespace``: in each served namespace (a ClusterRole when serving all);
+    ``cluster``: always cluster-wide."""
+
+
+PERMISSIONS: tuple[Permission, ...] = (
+    Permission("slogate.dev", "admissionpolicies", ("get", "list", "watch", "patch"),
+               "watch policies; kopf's finalizer and its progress annotations"),
+    Permission("slogate.dev", "admissionpolicies/status", ("patch",),
+               "conditions, calibration and thresholds in force, pushed count"),
+    Permission("apps", "deployments", ("get", "list", "watch", "patch"),
+               "find targets, fingerprint their llama.cpp container, inject and remove the sidecar"),
+    Permission("", "pods", ("get", "list", "watch"),
+               "pod IPs to push thresholds to; a calibration pod's termination message (the result)"),
+    Permission("batch", "jobs", ("get", "list", "watch", "create", "delete"),
+               "one calibration Job per fingerprint; delete a failed one before retrying, a superseded one"),
+    Permission("", "configmaps", ("get", "create", "patch"),
+               "the thresholds ConfigMap the sidecars mount (and the profile it came from)"),
+    Permission("", "secrets", ("get", "create", "patch"),
+               "the admin token Secret: create it, read the token to push, add each policy as an owner"),
+    Permission("", "events", ("create",), "Warning and Normal events on policies"),
+    Permission("events.k8s.io", "events", ("create",), "the same, where kopf posts through the events API"),
+    Permission("apiextensions.k8s.io", "customresourcedefinitions", ("list", "watch"),
+               "kopf discovers the resources it serves", scope="cluster"),
+    Permission("kopf.dev", "clusterkopfpeerings", ("get", "list", "watch", "patch"),
+               "peering of the replicas when serving all namespaces (one active, the other waits)", scope="cluster"),
+    Permission("kopf.dev", "kopfpeerings", ("get", "list", "watch", "patch"),
+               "peering of the replicas when serving listed namespaces"),
+    Permission("", "namespaces", ("list", "watch"),
+               "only with namespace patterns (globs) in SLOGATE_OPERATOR_NAMESPACES", scope="cluster"),
+)  # fmt: skip
+
+
+def allows(group: str, resource: str, verb: str) -> bool:
+    """Whether the table grants ``verb`` on ``group/resource``."""
+    return any(p.group == group and p.resource == resource and verb in p.verbs for p in PERMISSIONS)
+
+
+def markdown_table() -> str:
+    """The table for docs/operator.md."""
+    rows = ["| API group | resource | verbs | scope | why |", "| --- | --- | --- | --- | --- |"]
+    for p in PERMISSIONS:
+        group = f"`{p.group}`" if p.group else '`""` (core)'
+        rows.append(f"| {group} | `{p.resource}` | {', '.join(p.verbs)} | {p.scope} | {p.why} |")
+    return "\n".join(rows)
