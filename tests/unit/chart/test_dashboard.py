@@ -44,6 +44,7 @@ def test_queries_read_only_metrics_and_labels_the_sidecar_exports() -> None:
 def test_dashboard_shows_what_the_issue_asks_for() -> None:
     """Decisions by reason and class, rejection ratio, queued tokens, predicted vs actual
     TTFT, SLO attainment, thresholds and calibration changes: each has a panel."""
+    # (the sidecar's and the operator's metrics)
     board = dashboard()
     by_metric: dict[str, list[str]] = {}
     for where, expr in dashboard_exprs(board):
@@ -64,6 +65,8 @@ def test_dashboard_shows_what_the_issue_asks_for() -> None:
         "slogate_threshold_updates_total",  # calibration / threshold changes
         "slogate_upstream_up",
         "slogate_thresholds_loaded",
+        "slogate_operator_alerting_rejection_ratio",  # each policy's alert ratios
+        "slogate_operator_calibrations_total",  # calibrations by outcome
     }
     assert wanted - set(by_metric) == set()
     reasons = [e for _, e in dashboard_exprs(board) if "slogate_decisions_total" in e]
