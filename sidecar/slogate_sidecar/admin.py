@@ -71,7 +71,12 @@ async def put_thresholds(sidecar: Sidecar, request: web.Request) -> web.Response
         problems = [f"{'.'.join(str(p) for p in e['loc']) or '(body)'}: {e['msg']}" for e in invalid.errors()[:10]]
         log.warning("rejected thresholds push: %s", "; ".join(problems))
         return responses.error(422, "invalid thresholds: " + "; ".join(problems), kind="invalid_request_error")
-    apply(sidecar, thresholds)
+    try:
+        apply(sidecar, thresholds)
+    except ValueError as inconsistent:  # valid fields the gate still cannot compile (nothing swapped)
+        sidecar.metrics.reject_thresholds()
+        log.warning("rejected thresholds push: %s", inconsistent)
+        return responses.error(422, f"invalid thresholds: {inconsistent}", kind="invalid_request_error")
     log.info(
         "thresholds %s (calibration %s) applied by admin push",
         thresholds.derived_at,

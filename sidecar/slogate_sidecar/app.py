@@ -44,17 +44,19 @@ def build_sidecar(settings: SidecarSettings) -> Sidecar:
         try:
             admin.apply(sidecar, Thresholds.model_validate_json(settings.thresholds_file.read_text()))
             log.info("thresholds loaded from %s", settings.thresholds_file)
-        except (OSError, ValidationError) as problem:
+        except (OSError, ValueError) as problem:  # ValidationError is a ValueError
             # Not ready rather than guessing: readiness keeps traffic away until a push.
             log.error("thresholds file %s unusable, not ready until thresholds are pushed: %s",
                       settings.thresholds_file, boot_problem(problem))  # fmt: skip
     return sidecar
 
 
-def boot_problem(problem: OSError | ValidationError) -> str:
+def boot_problem(problem: OSError | ValueError) -> str:
     """One line saying what is wrong with the boot thresholds file."""
     if isinstance(problem, OSError):
         return problem.strerror or str(problem)
+    if not isinstance(problem, ValidationError):  # valid fields the gate cannot compile
+        return str(problem)
     first = problem.errors()[0]
     where = ".".join(str(p) for p in first["loc"]) or "(document)"
     more = f" (and {problem.error_count() - 1} more problems)" if problem.error_count() > 1 else ""

@@ -11,15 +11,17 @@ Facts about this llama-server build that shape the rules (checked against the bi
   to a ``max_tokens``. So all of them are validated and the effective one is reported,
   else a client could slip an unlimited ``n_predict`` past a ``max_tokens`` the gate
   reserved KV for. ``with_output_limit`` removes all of them and sets one.
-* llama-server itself accepts ``max_tokens: 12.0`` and ``max_tokens: true``; the gate
-  does not: a float or a bool is not a token count.
+* llama-server itself accepts ``max_tokens: 12.5`` and ``max_tokens: true``; the gate
+  does not: a fraction or a bool is not a token count. ``12.0`` is 12, as in JSON (and
+  JSON Schema): every integral number is read as that integer.
 * ``max_tokens: 0`` / ``n_predict: 0`` still generate one token upstream.
 * A prompt that is an array of strings is a *batch*: one result (and one slot) per
   string; an array of integers is one prompt given as token ids.
 * ``null`` for an optional field means "absent", as OpenAI reads it (llama-server does
   for the top-level fields, not inside chat messages: see ``chat_messages``).
 * Numbers must survive the trip: ``1e400`` (Python's inf, forwarded as ``Infinity``)
-  and integers beyond 64 bits make llama-server's JSON parser fail, so they are 400s here.
+  makes llama-server's JSON parser fail, so it is a 400 here; an integer beyond 64 bits,
+  which would overflow that parser, travels as the double it equals.
 """
 
 from __future__ import annotations
@@ -39,9 +41,11 @@ __all__ = ["MAX_JSON_DEPTH", "BadRequest", "ParsedRequest", "Route", "as_upstrea
 MAX_JSON_DEPTH = 64
 """Deeper bodies are refused: later serialisation must not hit the recursion limit."""
 _TOO_DEEP = f"request body is nested deeper than {MAX_JSON_DEPTH} levels"
+EXACT_INTEGERS = 2**53
+"""Doubles are exact integers up to here: 12.0 below it is read as 12."""
 MAX_JSON_INTEGER = 2**63 - 1
-"""Larger integers are refused: llama-server's JSON parser overflows on them (its 400
-would name a parser exception rather than the field)."""
+"""Integers beyond 64 bits overflow llama-server's JSON parser: they are read as the
+(double) number they are, as JSON has it, and refused only if no double holds them."""
 
 
 class Route(StrEnum):
@@ -161,21 +165,24 @@ def _reject_constant(name: str) -> NoReturn:
     raise ValueError(f"{name} is not valid JSON")
 
 
-def _finite_float(literal: str) -> float:
-    """A JSON number that fits a double: 1e400 would travel on as Infinity, which
-    llama-server's parser refuses."""
+def _finite_float(literal: str) -> float | int:
+    """A JSON number that fits a double (1e400 would travel on as Infinity, which
+    llama-server's parser refuses); an integral one is that integer, as JSON has it
+    (12.0 is 12), while it is exact (|x| <= 2**53)."""
     value = float(literal)
     if not math.isfinite(value):
         raise ValueError(f"the number {literal[:40]} is out of range")
+    if value.is_integer() and abs(value) <= EXACT_INTEGERS:
+        return int(value)
     return value
 
 
-def _bounded_int(literal: str) -> int:
-    """A JSON integer within 64 bits: llama-server's parser overflows beyond that."""
-    value = int(literal)
-    if not -MAX_JSON_INTEGER <= value <= MAX_JSON_INTEGER:
-        raise ValueError(f"the integer {literal[:40]}... is out of range (64 bits)")
-    return value
+def _bounded_int(literal: str) -> int | float:
+    """A JSON integer; beyond 64 bits, the double it equals (see MAX_JSON_INTEGER)."""
+    value = int(literal)  # ValueError past 4,300 digits: far beyond any double too
+    if -MAX_JSON_INTEGER <= value <= MAX_JSON_INTEGER:
+        return value
+    return _finite_float(literal)
 
 
 def _decode(raw: bytes) -> dict[str, Any]:
@@ -237,6 +244,8 @@ def _output_limit(route: Route, body: dict[str, Any], ceiling: int) -> int | Non
         value = body.get(field)
         if value is None:
             continue
+        if type(value) is float and value.is_integer():  # beyond 2**53: an integer, absurdly large
+            invalid(field, f"'{field}' is {value:.0f}: absurd here, the server allows {ceiling}")
         if type(value) is not int:
             wrong_type(field, "an integer", value)
         unlimited = field == "n_predict" and value == -1

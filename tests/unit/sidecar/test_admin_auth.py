@@ -263,3 +263,10 @@ async def test_any_pushed_body_is_applied_whole_or_refused_whole(gate: RunningSi
         assert answer["error"]["message"]
     else:
         assert gate.sidecar.gate.thresholds == Thresholds.model_validate_json(body)
+        # Whatever was accepted, the gate still answers deliberately under it (hang guard: 30 s).
+        async with (
+            asyncio.timeout(30),
+            gate.session.post(gate.url + "/completion", json={"prompt": [1, 2], "n_predict": 1}) as r,
+        ):
+            assert r.status in (200, 400, 429), await r.text()
+        assert await gate.wait_idle()

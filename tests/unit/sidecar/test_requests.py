@@ -85,7 +85,7 @@ REJECTED = [
     (NATIVE, text({"prompt_string": "Hi"}), 400, "prompt", "got object"),
     (CMPL, text([]), 400, "prompt", "non-empty array"),
     (CMPL, text([True, False]), 400, "prompt[0]", "a string or a token id (integer), got boolean"),
-    (NATIVE, text([1.0, 2.0]), 400, "prompt[0]", "got number"),
+    (NATIVE, text([1.5, 2.0]), 400, "prompt[0]", "got number"),
     (CMPL, text([[1, 2]]), 400, "prompt[0]", "got array"),
     (NATIVE, text([1, True]), 400, "prompt[1]", "a token id (integer), like prompt[0], got boolean"),
     (NATIVE, text([1, "a"]), 400, "prompt[1]", "got string"),
@@ -94,7 +94,7 @@ REJECTED = [
     (CHAT, chat(stream="true"), 400, "stream", "must be a boolean, got string"),
     (NATIVE, text(stream=1), 400, "stream", "must be a boolean, got integer"),
     (CHAT, chat(max_tokens=True), 400, "max_tokens", "must be an integer, got boolean"),
-    (CHAT, chat(max_tokens=12.0), 400, "max_tokens", "must be an integer, got number"),
+    (CHAT, chat(max_tokens=12.5), 400, "max_tokens", "must be an integer, got number"),
     (CHAT, chat(max_tokens="12"), 400, "max_tokens", "got string"),
     (CHAT, chat(max_tokens=-1), 400, "max_tokens", "0 or more, got -1"),
     (CHAT, chat(max_tokens=LIMIT + 1), 400, "max_tokens", "absurd"),
@@ -106,7 +106,7 @@ REJECTED = [
     (CMPL, text(max_tokens=-1), 400, "max_tokens", "0 or more"),
     (CMPL, text(n_predict=True), 400, "n_predict", "got boolean"),
     (NATIVE, text(n_predict=True), 400, "n_predict", "got boolean"),
-    (NATIVE, text(n_predict=64.0), 400, "n_predict", "got number"),
+    (NATIVE, text(n_predict=64.5), 400, "n_predict", "got number"),
     (NATIVE, text(n_predict=-2), 400, "n_predict", "-1 (unlimited) or more, got -2"),
     (NATIVE, text(n_predict=LIMIT + 1), 400, "n_predict", "absurd"),
     (NATIVE, text(max_tokens=-1), 400, "max_tokens", "0 or more"),
@@ -193,6 +193,17 @@ def test_chat_prompt_chars_count_strings_and_text_parts_only() -> None:
         ]
     }
     assert parse(CHAT, body).prompt_chars == len("Be brief.") + len("¿Qué?") + len("42")
+
+
+def test_integral_numbers_are_integers_as_in_json() -> None:
+    """12.0 is the JSON number 12 (JSON Schema agrees); beyond 2**53 a double is not exact."""
+    parsed = parse_request(NATIVE, b'{"prompt": [1.0, 2e0], "n_predict": 12.0, "temperature": 1.0, "top_p": 0.5}',
+                           max_body_bytes=1000, max_output_tokens=LIMIT)  # fmt: skip
+    assert (parsed.max_tokens, parsed.prompt_token_count) == (12, 2)
+    assert [type(v) for v in (*parsed.body["prompt"], parsed.body["temperature"])] == [int, int, int]
+    assert type(parsed.body["top_p"]) is float
+    big = parse_request(NATIVE, b'{"prompt": "x", "seed": 1e300}', max_body_bytes=1000, max_output_tokens=LIMIT)
+    assert type(big.body["seed"]) is float
 
 
 def test_non_text_parts_are_refused_they_cannot_be_counted() -> None:
