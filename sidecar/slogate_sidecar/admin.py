@@ -48,15 +48,39 @@ def authorized(sidecar: Sidecar, request: web.Request) -> bool:
 
 
 async def put_thresholds(sidecar: Sidecar, request: web.Request) -> web.Response:
-    """Replace the thresholds atomically: 200, or 401 / 413 / 422 with nothing changed."""
+    """Replace the thresholds atomically: 200, or 401 / 408 / 413 / 422 with nothing changed."""
     if not authorized(sidecar, request):
         return responses.error(401, "missing or wrong bearer token", kind="authentication_error",
                                headers={"WWW-Authenticate": 'Bearer realm="slogate"'})  # fmt: skip
+    raw = await _document(sidecar, request)
+    if isinstance(raw, web.Response):
+        return raw
+    try:
+        thresholds = Thresholds.model_validate_json(raw)
+        apply(sidecar, thresholds)
+    except ValidationError as invalid:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in e['loc']) or '(body)'}: {e['msg']}" for e in invalid.errors()[:10]
+        )
+    except ValueError as inconsistent:  # valid fields the gate still cannot compile (nothing swapped)
+        problems = str(inconsistent)
+    else:
+        log.info(
+            "thresholds %s (calibration %s) applied by admin push", thresholds.derived_at, thresholds.calibration_id
+        )
+        return web.json_response({"applied": True, "calibrationId": thresholds.calibration_id})
+    sidecar.metrics.reject_thresholds()
+    log.warning("rejected thresholds push: %s", problems)
+    return responses.error(422, "invalid thresholds: " + problems, kind="invalid_request_error")
+
+
+async def _document(sidecar: Sidecar, request: web.Request) -> bytes | web.Response:
+    """The whole pushed body, or the 4xx that says why it could not be read."""
     try:
         # request.read() reads the whole body (content.read(n) may stop at any chunk
         # boundary) and raises 413 past the app's client_max_size.
         async with asyncio.timeout(sidecar.settings.client_read_timeout_s):  # a stalled push: 408
-            raw = await request.read()
+            return await request.read()
     except web.HTTPRequestEntityTooLarge:
         return responses.error(413, f"thresholds document over {MAX_THRESHOLDS_BYTES} bytes",
                                kind="invalid_request_error", code="body_too_large")  # fmt: skip
@@ -64,25 +88,6 @@ async def put_thresholds(sidecar: Sidecar, request: web.Request) -> web.Response
         return responses.request_timeout()
     except responses.BODY_ERRORS as broken:
         return responses.unreadable_body(broken)
-    try:
-        thresholds = Thresholds.model_validate_json(raw)
-    except ValidationError as invalid:
-        sidecar.metrics.reject_thresholds()
-        problems = [f"{'.'.join(str(p) for p in e['loc']) or '(body)'}: {e['msg']}" for e in invalid.errors()[:10]]
-        log.warning("rejected thresholds push: %s", "; ".join(problems))
-        return responses.error(422, "invalid thresholds: " + "; ".join(problems), kind="invalid_request_error")
-    try:
-        apply(sidecar, thresholds)
-    except ValueError as inconsistent:  # valid fields the gate still cannot compile (nothing swapped)
-        sidecar.metrics.reject_thresholds()
-        log.warning("rejected thresholds push: %s", inconsistent)
-        return responses.error(422, f"invalid thresholds: {inconsistent}", kind="invalid_request_error")
-    log.info(
-        "thresholds %s (calibration %s) applied by admin push",
-        thresholds.derived_at,
-        thresholds.calibration_id,
-    )
-    return web.json_response({"applied": True, "calibrationId": thresholds.calibration_id})
 
 
 def apply(sidecar: Sidecar, thresholds: Thresholds) -> None:
