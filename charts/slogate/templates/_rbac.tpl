@@ -1,38 +1,44 @@
 {{/*
-What the operator calls, per namespace it serves (docs/operator.md, "RBAC: what the
-operator calls"). Namespaced rules: a Role per watched namespace, or one ClusterRole
-when the operator watches all namespaces.
+What the operator calls, per namespace it serves: slogate_operator.rbac.PERMISSIONS, the
+table in docs/operator.md ("RBAC: what the operator calls"); a chart test checks the two
+agree. Namespaced rules: a Role per watched namespace, or one ClusterRole when the
+operator watches all namespaces. (The `namespaces` rule of that table is only for
+namespace globs, which values.schema.json does not accept.)
 */}}
 {{- define "slogate.namespacedRules" -}}
-# AdmissionPolicies: watched, patched (finalizer, kopf's annotations) and given a status.
+# AdmissionPolicies: watched, patched (kopf's finalizer and progress annotations).
 - apiGroups: ["slogate.dev"]
   resources: ["admissionpolicies"]
   verbs: ["get", "list", "watch", "patch"]
+# Conditions, the calibration and thresholds in force, the pushed count.
 - apiGroups: ["slogate.dev"]
-  resources: ["admissionpolicies/status", "admissionpolicies/finalizers"]
-  verbs: ["get", "patch"]
-# Targets: fingerprinted, and their pod template patched to inject or remove the sidecar.
+  resources: ["admissionpolicies/status"]
+  verbs: ["patch"]
+# Targets: found, fingerprinted, their pod template patched to inject or remove the sidecar.
 - apiGroups: ["apps"]
   resources: ["deployments"]
-  verbs: ["get", "list", "watch", "patch"]
-# Ready pods receive the thresholds push; calibration pods report their result.
+  verbs: ["list", "watch", "patch"]
+# Pod IPs to push thresholds to; a calibration pod's termination message (the result).
 - apiGroups: [""]
   resources: ["pods"]
-  verbs: ["get", "list", "watch"]
-# One calibration Job per fingerprint; deleted when superseded.
+  verbs: ["list", "watch"]
+# One calibration Job per fingerprint; a failed or superseded one deleted.
 - apiGroups: ["batch"]
   resources: ["jobs"]
-  verbs: ["create", "get", "list", "watch", "delete"]
+  verbs: ["get", "list", "watch", "create", "delete"]
 # The thresholds ConfigMap the sidecars mount.
 - apiGroups: [""]
   resources: ["configmaps"]
-  verbs: ["get", "list", "create", "patch"]
-# The sidecar admin token: created once, read to push.
+  verbs: ["get", "create", "patch"]
+# The sidecar admin token: created, read to push, each policy added as an owner.
 - apiGroups: [""]
   resources: ["secrets"]
-  verbs: ["get", "create"]
-# Warning and Normal events on the policies.
-- apiGroups: ["", "events.k8s.io"]
+  verbs: ["get", "create", "patch"]
+# Warning and Normal events on the policies (core and events.k8s.io, as kopf posts).
+- apiGroups: [""]
+  resources: ["events"]
+  verbs: ["create"]
+- apiGroups: ["events.k8s.io"]
   resources: ["events"]
   verbs: ["create"]
 {{- end }}

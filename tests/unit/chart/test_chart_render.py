@@ -8,6 +8,8 @@ import helm_python
 import pytest
 from chart_tools import CHART, CI_VALUES, NAMESPACE, Rendered, load_values, notes, one, render
 
+from slogate_operator.rbac import PERMISSIONS
+
 RESTRICTED = {
     "runAsNonRoot": True,
     "allowPrivilegeEscalation": False,
@@ -109,38 +111,41 @@ def test_namespaced_operator_gets_roles_and_peerings_only_where_it_watches() -> 
     )
 
 
-def test_rbac_grants_what_the_operator_calls_and_nothing_else() -> None:
-    """The rules equal the operator's documented calls (docs/operator.md)."""
-    rules = one(render(), "ClusterRole").obj["rules"]
-    granted = {
-        (group, resource, verb)
-        for rule in rules
-        for group in rule["apiGroups"]
-        for resource in rule["resources"]
-        for verb in rule["verbs"]
+def grants(rules: list[dict[str, Any]]) -> set[tuple[str, str, str]]:
+    return {(g, r, v) for rule in rules for g in rule["apiGroups"] for r in rule["resources"] for v in rule["verbs"]}
+
+
+def operator_calls(*, scope: str, cluster_wide: bool) -> set[tuple[str, str, str]]:
+    """slogate_operator.rbac.PERMISSIONS (the operator's own list, checked against every
+    call it makes) for one kind of role. Peering: ClusterKopfPeering when serving every
+    namespace, KopfPeering per namespace otherwise; `namespaces` is only for namespace
+    globs, which the chart's schema refuses."""
+    skip = {"namespaces", "kopfpeerings" if cluster_wide else "clusterkopfpeerings"}
+    return {
+        (p.group, p.resource, verb)
+        for p in PERMISSIONS
+        if p.resource not in skip and (p.scope == scope or (cluster_wide and scope == "cluster"))
+        for verb in p.verbs
     }
+
+
+def test_rbac_grants_what_the_operator_calls_and_nothing_else() -> None:
+    """Cluster-wide: one ClusterRole with exactly the operator's table."""
+    granted = grants(one(render(), "ClusterRole").obj["rules"])
     assert "*" not in {g for g, _, _ in granted}
     assert "*" not in {v for _, _, v in granted}
-    assert granted == expected_operator_calls()
+    assert granted == operator_calls(scope="cluster", cluster_wide=True)
 
 
-def expected_operator_calls() -> set[tuple[str, str, str]]:
-    """The operator's API calls: the brief's list until docs/operator.md has the table."""
-    calls = {
-        ("slogate.dev", "admissionpolicies", ("get", "list", "watch", "patch")),
-        ("slogate.dev", "admissionpolicies/status", ("get", "patch")),
-        ("slogate.dev", "admissionpolicies/finalizers", ("get", "patch")),
-        ("apps", "deployments", ("get", "list", "watch", "patch")),
-        ("", "pods", ("get", "list", "watch")),
-        ("batch", "jobs", ("create", "get", "list", "watch", "delete")),
-        ("", "configmaps", ("get", "list", "create", "patch")),
-        ("", "secrets", ("get", "create")),
-        ("", "events", ("create",)),
-        ("events.k8s.io", "events", ("create",)),
-        ("kopf.dev", "clusterkopfpeerings", ("get", "list", "watch", "patch")),
-        ("apiextensions.k8s.io", "customresourcedefinitions", ("list", "watch")),
-    }
-    return {(g, r, v) for g, r, verbs in calls for v in verbs}
+def test_namespaced_rbac_splits_the_table_into_roles_and_discovery() -> None:
+    objects = render(load_values(CHART / "ci" / "namespaced-values.yaml"))
+    assert grants(one(objects, "ClusterRole").obj["rules"]) == operator_calls(scope="cluster", cluster_wide=False)
+    for role in (o for o in objects if o.kind == "Role"):
+        assert grants(role.obj["rules"]) == operator_calls(scope="namespace", cluster_wide=False), role.obj["metadata"]
+    bindings = [o.obj for o in objects if o.kind in {"RoleBinding", "ClusterRoleBinding"}]
+    assert len(bindings) == 3
+    for binding in bindings:
+        assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "slogate", "namespace": NAMESPACE}]
 
 
 def test_monitoring_objects_follow_their_switches() -> None:
