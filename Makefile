@@ -56,7 +56,7 @@ lint: dev
 	$(VENV)/bin/ruff format --check .
 
 typecheck: dev
-	$(VENV)/bin/mypy admission/slogate_admission calibration/slogate_calibration sidecar/slogate_sidecar bench/slogate_bench cli/slogate_cli
+	$(VENV)/bin/mypy admission/slogate_admission calibration/slogate_calibration sidecar/slogate_sidecar operator/slogate_operator bench/slogate_bench cli/slogate_cli
 
 contracts: dev
 	cd $(CURDIR) && $(VENV)/bin/lint-imports

@@ -15,11 +15,13 @@ and the controllers Kubernetes would run (Jobs, Deployments) played by the tests
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import datetime
 import itertools
 import json
 import os
+import socket
 import threading
 import time
 import urllib.error
@@ -38,6 +40,8 @@ import yaml
 from kopf.testing import KopfRunner
 
 from slogate_operator import metrics, names
+from slogate_sidecar.app import build_sidecar, running
+from slogate_sidecar.settings import SidecarSettings
 
 T = TypeVar("T")
 ROOT = Path(__file__).resolve().parent.parent
@@ -318,6 +322,62 @@ class Cluster:
             }  # fmt: skip
             made.append(self.create(PODS, pod, ns)["metadata"]["name"])
         return made
+
+
+class SidecarFleet:
+    """Real sidecars (the in-process app of slogate_sidecar) standing in for the pods' own:
+    one per loopback address, all on the same admin port, as pods share a containerPort.
+
+    ``mount_token`` and ``boot_thresholds`` do what the kubelet does with the Secret and
+    ConfigMap volumes: put their content where the sidecar reads it.
+    """
+
+    def __init__(self, cluster: Cluster, upstream: str, workdir: Path) -> None:
+        self.cluster = cluster
+        self.upstream = upstream
+        self.workdir = workdir
+        self.admin_port = _free_port()
+        self.token_file = workdir / "token"
+        self.token_file.write_text("")  # an empty token refuses every push until the Secret is mounted
+        self.urls: dict[str, str] = {}
+        self._stacks: list[contextlib.AsyncExitStack] = []
+
+    def start(self, ip: str, thresholds_json: str | None = None) -> None:
+        thresholds = self.workdir / f"thresholds-{ip}.json"
+        if thresholds_json is not None:
+            thresholds.write_text(thresholds_json)
+        settings = SidecarSettings(
+            upstream=self.upstream, host=ip, port=0, admin_port=self.admin_port, thresholds_file=thresholds,
+            admin_token_file=self.token_file, poll_interval_s=0.5,
+        )  # fmt: skip
+
+        async def serve() -> contextlib.AsyncExitStack:
+            stack = contextlib.AsyncExitStack()
+            await stack.enter_async_context(running(build_sidecar(settings)))
+            return stack
+
+        self._stacks.append(self.cluster.loop.run(serve()))
+        self.urls[ip] = f"http://{ip}:{self.admin_port}"
+
+    def mount_token(self, secret_name: str = "slogate-admin-token", ns: str = NS) -> None:
+        secret = eventually(lambda: self.cluster.get(SECRETS, secret_name, ns), what="the admin token Secret")
+        self.token_file.write_text(base64.b64decode(secret["data"]["token"]).decode())
+
+    def state(self, ip: str) -> dict[str, Any]:
+        with urllib.request.urlopen(self.urls[ip] + "/slogate/v1/state", timeout=10) as response:
+            found: dict[str, Any] = json.loads(response.read())
+            return found
+
+    def close(self) -> None:
+        for stack in reversed(self._stacks):
+            with contextlib.suppress(Exception):
+                self.cluster.loop.run(stack.aclose(), timeout=10)
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
 
 
 def llama_deployment(

@@ -116,6 +116,14 @@ class OperatorSettings:
         return rows
 
 
+def markdown_table() -> str:
+    """The settings table of docs/operator.md."""
+    rows = ["| variable | default | meaning |", "| --- | --- | --- |"]
+    for variable, default, doc in OperatorSettings.environment_variables():
+        rows.append(f"| `{variable}` | {f'`{default}`' if default else '(empty)'} | {doc} |")
+    return "\n".join(rows)
+
+
 def _parse(name: str, annotation: str, raw: str) -> Any:
     text = raw.strip()
     try:
