@@ -201,9 +201,11 @@ def test_watching_listed_namespaces_needs_a_list() -> None:
 
 def test_notes_say_what_to_do_next() -> None:
     text = notes()
-    assert "kubectl apply -f examples/" in text
+    assert "kubectl -n llm apply -f examples/smollm2.yaml" in text
     assert "kubectl get admissionpolicies" in text
     assert "8081" in text
-    assert "PrometheusRule slogate-alerts" in text
+    assert "PrometheusRule slogate-alerts: shedding above each policy's spec.alerting ratios" in text
+    tuned = notes(load_values(CHART / "ci" / "tuned-alerts-values.yaml"))
+    assert "shedding above 0.02 (warning) and 0.1 (critical)" in tuned
     quiet = notes(load_values(CHART / "ci" / "no-monitoring-values.yaml"))
     assert "nothing pages on shedding" in quiet
