@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import fnmatch
 import re
+import subprocess
+import sys
 
 from chart_tools import REPO, one, render
 
@@ -60,3 +62,18 @@ def test_every_copied_path_exists_and_is_in_the_build_context() -> None:
     # Every package the console script dispatches to is copied.
     copied = {source for *sources, _ in copies for source in sources}
     assert {"admission", "calibration", "sidecar", "operator", "bench", "cli", "pyproject.toml"} <= copied
+
+
+def test_the_entrypoint_needs_only_runtime_dependencies() -> None:
+    """The image installs pyproject's runtime dependencies only: `slogate --help` (which the
+    build runs) and the operator, sidecar and calibrator code must not import a dev extra."""
+    probe = (
+        "import sys, slogate_cli.main as m, slogate_operator.handlers, slogate_sidecar.app, "
+        "slogate_calibration.calibrate; m.build_parser(); print(' '.join(sorted(sys.modules)))"
+    )
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, check=True)
+    loaded = {name.split(".")[0] for name in done.stdout.split()}
+    dev_only = {"matplotlib", "pytest", "hypothesis", "kmock", "kubernetes_validate", "jsonschema", "helm_python",
+                "schemathesis", "mypy"}  # fmt: skip
+    assert loaded & dev_only == set()
+    assert {"kopf", "aiohttp", "pydantic", "prometheus_client"} <= loaded
