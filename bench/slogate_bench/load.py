@@ -29,118 +29,19 @@ from typing import Literal
 
 import aiohttp
 
+from slogate_bench.retries import NO_RETRY, RetryBudget, RetryPolicy, parse_retry_after
+from slogate_bench.workloads import Arrival, Workload, schedule
+
 Outcome = Literal["ok", "rejected", "refused", "timeout", "error"]
 """refused: slogate's 400 for a request that can never meet its SLO (own prefill beyond it, or
 beyond a slot's context): an instant, deliberate no that no retry can change; not an error."""
-RetryKind = Literal["none", "immediate", "backoff", "budget"]
-
-RETRY_KINDS: tuple[RetryKind, ...] = ("none", "immediate", "backoff", "budget")
 REJECTION_STATUSES = frozenset({429, 503})
 """Load shedding: slogate's 429 (and 503 when it cannot decide), the count cap's 503."""
-INTERACTIVE, BATCH = "interactive", "batch"
 NEVER_FITS_CODE = b'"slogate_request_too_large"'
 """The error code of slogate's 400 for a request no wait can serve within its SLO."""
 
 Sleep = Callable[[float], Awaitable[None]]
 Progress = Callable[["Result"], None]
-
-
-@dataclass(frozen=True, slots=True)
-class Workload:
-    """What each request looks like; every draw takes the schedule's random source."""
-
-    prompt_tokens: Callable[[random.Random], int] = lambda _rng: 200
-    max_tokens: Callable[[random.Random], int] = lambda _rng: 32
-    class_name: Callable[[random.Random], str | None] = lambda _rng: None
-    name: str = "custom"
-
-    def draws(self, n: int, seed: int = 1) -> list[tuple[int, int]]:
-        """``n`` (prompt tokens, max tokens) pairs, for the calibrated capacity of a mix.
-
-        A mix's μ is 1 / mean(server seconds per request) over these draws, not the
-        server seconds of the mean request: service time is not linear in the prompt.
-        """
-        rng = random.Random(seed)
-        return [(self.prompt_tokens(rng), self.max_tokens(rng)) for _ in range(n)]
-
-
-def _chat_prompt(rng: random.Random) -> int:
-    # Lognormal with median 100 tokens; σ = 0.7 puts the 99th percentile near 500: chat
-    # sized for a 2-core CPU box, where a 2 s TTFT SLO fits prompts up to ~450 tokens.
-    return max(16, min(1000, round(rng.lognormvariate(math.log(100), 0.7))))
-
-
-def _heavy_tail_prompt(rng: random.Random) -> int:
-    return 1500 if rng.random() < 0.05 else rng.randint(100, 300)
-
-
-PRESETS: dict[str, Workload] = {
-    "uniform": Workload(name="uniform"),
-    "chat": Workload(_chat_prompt, lambda rng: rng.choice((32, 64, 128)), name="chat"),
-    "heavy_tail": Workload(_heavy_tail_prompt, lambda _rng: 32, name="heavy_tail"),
-}
-DESCRIPTIONS: dict[str, str] = {
-    "uniform": "200-token prompts, 32 tokens out",
-    "chat": "prompts lognormal around 100 tokens (σ 0.7, capped at 1,000; ~1.5% exceed what a 2 s SLO can "
-    "prefill here), max_tokens from {32, 64, 128}",
-    "heavy_tail": "100-300-token prompts plus 5% of 1,500 tokens (a prefill-heavy tail that a request "
-    "count does not see), 32 tokens out",
-}
-"""What each preset is, in words (the report quotes these)."""
-
-
-def class_mix(interactive_fraction: float) -> Callable[[random.Random], str]:
-    """A class draw: ``interactive`` with this probability, else ``batch`` (sent as X-Slogate-Class)."""
-    if not 0.0 <= interactive_fraction <= 1.0:
-        raise ValueError(f"interactive fraction must be within [0, 1], not {interactive_fraction}")
-    return lambda rng: INTERACTIVE if rng.random() < interactive_fraction else BATCH
-
-
-def preset(name: str, *, interactive_fraction: float | None = None) -> Workload:
-    """A named workload, optionally with a class mix (None: no class header at all)."""
-    try:
-        base = PRESETS[name]
-    except KeyError:
-        raise ValueError(f"unknown workload {name!r}: one of {', '.join(PRESETS)}") from None
-    if interactive_fraction is None:
-        return base
-    return Workload(base.prompt_tokens, base.max_tokens, class_mix(interactive_fraction),
-                    name=f"{name}+{interactive_fraction:g}interactive")  # fmt: skip
-
-
-@dataclass(frozen=True, slots=True)
-class Arrival:
-    """One scheduled request: when (seconds after the start) and what."""
-
-    at_s: float
-    first_token_id: int
-    prompt_tokens: int
-    max_tokens: int
-    class_name: str | None
-
-    def prompt(self) -> list[int]:
-        """Distinct token ids per request, so no prompt cache helps."""
-        return list(range(self.first_token_id, self.first_token_id + self.prompt_tokens))
-
-
-def schedule(rate_rps: float, duration_s: float, workload: Workload, *, seed: int = 1) -> list[Arrival]:
-    """Poisson arrivals at ``rate_rps`` for ``duration_s``.
-
-    Three random streams, so the arrival times do not depend on the request contents
-    and neither depends on the class mix: the same traffic with or without classes.
-    """
-    if rate_rps <= 0 or duration_s <= 0:
-        raise ValueError("rate and duration must be positive")
-    times, contents, classes = (random.Random(f"{seed}/{part}") for part in ("times", "contents", "classes"))
-    arrivals: list[Arrival] = []
-    at = 0.0
-    while True:
-        at += times.expovariate(rate_rps)
-        if at > duration_s:
-            return arrivals
-        first = contents.randrange(1000, 40000)
-        n_in = workload.prompt_tokens(contents)
-        arrivals.append(Arrival(at, first, n_in, workload.max_tokens(contents), workload.class_name(classes)))
 
 
 @dataclass(frozen=True, slots=True)
@@ -164,68 +65,6 @@ class Result:
     max_tokens: int = 0
     lag_s: float = 0.0
     """How late the generator sent the first attempt against the schedule (its own overload)."""
-
-
-@dataclass(frozen=True, slots=True)
-class RetryPolicy:
-    """How a client reacts to a 429/503. Timeouts and errors are never retried."""
-
-    kind: RetryKind = "none"
-    max_attempts: int = 4
-    """Attempts per request, the first included."""
-    base_s: float = 0.5
-    cap_s: float = 8.0
-    budget_ratio: float = 0.1
-    """``budget``: retries may not exceed this fraction of the requests sent so far."""
-
-    def __post_init__(self) -> None:
-        if self.kind not in RETRY_KINDS:
-            raise ValueError(f"unknown retry behaviour {self.kind!r}: one of {', '.join(RETRY_KINDS)}")
-        if self.max_attempts < 1 or self.base_s < 0 or self.cap_s < 0 or self.budget_ratio < 0:
-            raise ValueError("max_attempts must be >= 1; delays and budget ratio non-negative")
-
-    def delay(self, failed_attempts: int, retry_after_s: float | None, rng: random.Random) -> float:
-        """Seconds before the next attempt, after ``failed_attempts`` rejections.
-
-        immediate: none. backoff and budget: exponential backoff with full jitter,
-        uniform(0, min(cap, base · 2^(k−1))), and never less than the Retry-After.
-        """
-        if self.kind in ("none", "immediate"):
-            return 0.0
-        jittered = rng.uniform(0.0, min(self.cap_s, self.base_s * 2 ** (failed_attempts - 1)))
-        return max(retry_after_s or 0.0, jittered)
-
-
-NO_RETRY = RetryPolicy()
-
-
-@dataclass(slots=True)
-class RetryBudget:
-    """A retry may be spent only while retries stay <= ratio x requests sent so far."""
-
-    ratio: float = 0.1
-    requests: int = 0
-    retries: int = 0
-
-    def request(self) -> None:
-        self.requests += 1
-
-    def try_spend(self) -> bool:
-        if self.retries + 1 > self.ratio * self.requests:
-            return False
-        self.retries += 1
-        return True
-
-
-def parse_retry_after(value: str | None) -> float | None:
-    """Retry-After in (possibly fractional) seconds; HTTP dates are not used by these servers."""
-    if value is None:
-        return None
-    try:
-        seconds = float(value)
-    except ValueError:
-        return None
-    return seconds if math.isfinite(seconds) and seconds >= 0 else None
 
 
 @dataclass(frozen=True, slots=True)

@@ -8,42 +8,25 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import statistics
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt
-
 from slogate_admission.derivation import decode_curve, derive_thresholds, prefill_curve
 from slogate_admission.schema import CalibrationProfile, Policy, Thresholds
 from slogate_admission.service import server_seconds_per_request
-from slogate_bench import scenario as sim
-from slogate_bench.baselines import fair_count_cap
-from slogate_bench.load import DESCRIPTIONS, Run, preset
-from slogate_bench.simulator import simulate
-
-SCENARIOS = ("direct", "count-cap", "rate-limit", "slogate")
-COLORS = {"direct": "#d62728", "count-cap": "#ff7f0e", "rate-limit": "#9467bd", "slogate": "#2ca02c"}
-
-
-def _main_runs(raw: dict[str, Any]) -> list[dict[str, Any]]:
-    return [r for r in raw["runs"] if r["workload"] == "chat" and r["retry"] == "none"]
-
-
-def _find(runs: list[dict[str, Any]], scenario: str, load: float, **match: str) -> dict[str, Any] | None:
-    return next(
-        (
-            r
-            for r in runs
-            if r["scenario"] == scenario and r["load"] == load and all(r[k] == v for k, v in match.items())
-        ),
-        None,
-    )
+from slogate_bench.figures import (
+    SCENARIOS,
+    SIMULATED_GATES,
+    SIMULATED_SEEDS,
+    find_run,
+    main_runs,
+    plots,
+    simulated_goodput,
+    simulated_time_in_system,
+)
+from slogate_bench.workloads import DESCRIPTIONS, preset
 
 
 def _quantile(values: list[float], q: float) -> float | None:
@@ -66,41 +49,6 @@ def _rejection_ms(run: dict[str, Any]) -> str:
     values = run["rejection_latencies"]
     p50, p99 = _quantile(values, 0.5), _quantile(values, 0.99)
     return "-" if p50 is None or p99 is None else f"{p50 * 1000:.1f} / {p99 * 1000:.1f} ms"
-
-
-def demo_plot(runs: dict[str, Run], slo_s: float, path: Path) -> None:
-    """`slogate demo`'s picture: each run's TTFT CDF over all requests sent, and what became of them."""
-    fig, (cdf, bars) = plt.subplots(1, 2, figsize=(11, 4.2))
-    colors = ["#d62728", "#2ca02c", "#1f77b4", "#9467bd"]
-    for (name, run), color in zip(runs.items(), colors, strict=False):
-        ttfts = sorted(r.ttft_s for r in run.results if r.outcome == "ok" and r.ttft_s is not None)
-        if ttfts:
-            cdf.step(
-                ttfts, [(i + 1) / len(run.results) for i in range(len(ttfts))], where="post", label=name, color=color
-            )
-    cdf.axvline(slo_s, linestyle="--", color="grey", label=f"TTFT SLO {slo_s:g} s")
-    cdf.set_xlabel("TTFT (s)")
-    cdf.set_ylabel("fraction of requests sent")
-    cdf.set_title("TTFT of served requests (tops out at the share served)")
-    cdf.legend()
-    names = list(runs)
-    bottoms = [0.0] * len(names)
-    for label, color, count in (
-        ("within SLO", "#2ca02c", lambda r: len(r.within(slo_s))),
-        ("served late", "#ff7f0e", lambda r: r.count("ok") - len(r.within(slo_s))),
-        ("rejected at once", "#7f7f7f", lambda r: r.count("rejected") + r.count("refused")),
-        ("timed out / error", "#d62728", lambda r: r.count("timeout") + r.count("error")),
-    ):
-        heights = [float(count(runs[n])) for n in names]
-        bars.bar(names, heights, bottom=bottoms, label=label, color=color)
-        bottoms = [b + h for b, h in zip(bottoms, heights, strict=True)]
-    bars.set_ylabel("requests")
-    bars.set_title("What became of the same requests")
-    bars.legend()
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
 
 
 def overhead_targets(raw: dict[str, Any]) -> list[tuple[str, str, bool | None]]:
@@ -131,144 +79,12 @@ def overhead_targets(raw: dict[str, Any]) -> list[tuple[str, str, bool | None]]:
     return rows
 
 
-SIMULATED_GATES: dict[str, sim.GateKind] = {"direct": "none", "count-cap": "count-cap", "slogate": "slogate"}
-SIMULATED_SEEDS = 20
-
-
-def simulated_goodput(
-    profile: CalibrationProfile, thresholds: Thresholds, mu: float, loads: list[float], *, slo_s: float, seconds: float
-) -> dict[str, list[tuple[float, float]]]:
-    """`slogate simulate`'s goodput at the measured loads, per scenario, for the chat workload.
-
-    The same λ = load · μ and window as the measured runs, the chat preset's own draws as
-    lengths, the same 10 s client patience, the fair count cap; the mean over 20 seeds, so
-    the curve is the model's expectation for one such run. (The window matters above 1x:
-    an ungated queue grows for as long as the overload lasts.)
-    """
-    draws = preset("chat").draws(5000)
-    workload = sim.Workload(
-        prompt_tokens=sim.SampledLengths(tuple(n_in for n_in, _ in draws)),
-        output_tokens=sim.SampledLengths(tuple(n_out for _, n_out in draws)),
-    )
-    server = sim.ServerModel.from_profile(profile)
-    cap = fair_count_cap(thresholds.concurrency_cap, slo_s, thresholds.concurrency_cap / mu)
-    curves: dict[str, list[tuple[float, float]]] = {}
-    for scenario, gate in SIMULATED_GATES.items():
-        curves[scenario] = [
-            (load, statistics.fmean(simulate(sim.SimulationConfig(
-                server=server, workload=workload, arrival_rate_rps=load * mu, duration_s=seconds,
-                ttft_slo_s=slo_s, gate=gate, thresholds=thresholds,
-                count_cap=sim.CountCap(cap.max_concurrency, cap.max_queue), seed=seed,
-            )).goodput_rps for seed in range(SIMULATED_SEEDS)))
-            for load in loads
-        ]  # fmt: skip
-    return curves
-
-
-def simulated_time_in_system(
-    profile: CalibrationProfile, mu: float, *, slo_s: float, seconds: float = 3600.0
-) -> list[tuple[float, float]]:
-    """The simulator's mean time in system for llama-server alone (patient clients) at ρ = 0.1 .. 0.95."""
-    draws = preset("chat").draws(5000)
-    workload = sim.Workload(
-        prompt_tokens=sim.SampledLengths(tuple(n_in for n_in, _ in draws)),
-        output_tokens=sim.SampledLengths(tuple(n_out for _, n_out in draws)),
-        client_timeout_s=math.inf,
-    )
-    server = sim.ServerModel.from_profile(profile)
-    points = []
-    for rho in (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.85, 0.9, 0.95):
-        result = simulate(sim.SimulationConfig(server=server, workload=workload, arrival_rate_rps=rho * mu,
-                                               duration_s=seconds, ttft_slo_s=slo_s, seed=7))  # fmt: skip
-        if result.mean_time_in_system_s is not None:
-            points.append((rho, result.mean_time_in_system_s))
-    return points
-
-
-def plots(
-    raw: dict[str, Any],
-    mu: float,
-    out_dir: Path,
-    simulated: dict[str, list[tuple[float, float]]] | None = None,
-    simulated_w: list[tuple[float, float]] | None = None,
-) -> list[str]:
-    """Three PNGs; returns their file names."""
-    runs = _main_runs(raw)
-    loads = sorted({r["load"] for r in runs})
-    out_dir.mkdir(parents=True, exist_ok=True)
-
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    for scenario in SCENARIOS:
-        points = [(load, _find(runs, scenario, load)) for load in loads]
-        xs = [load for load, r in points if r]
-        ys = [r["goodput_rps"] for _, r in points if r]
-        ax.plot(xs, ys, marker="o", label=scenario, color=COLORS[scenario])
-        if simulated and scenario in simulated:
-            ax.plot([x for x, _ in simulated[scenario]], [y for _, y in simulated[scenario]], linestyle=":",
-                    color=COLORS[scenario], label=f"{scenario}, simulated")  # fmt: skip
-    ax.axhline(mu, linestyle="--", color="grey", label=f"calibrated capacity μ = {mu:.2f}/s")
-    ax.set_xlabel("offered load (x μ)")
-    ax.set_ylabel(f"goodput: completed with TTFT ≤ {raw['slo_s']:g} s (req/s)")
-    ax.set_xscale("log", base=2)
-    ax.set_xticks(loads, [f"{x:g}x" for x in loads])
-    ax.set_title("Goodput vs offered load")
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(out_dir / "goodput.png", dpi=110)
-    plt.close(fig)
-
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    for scenario in SCENARIOS:
-        r = _find(runs, scenario, 2.0)
-        if r and r["ttfts"]:
-            xs = r["ttfts"]
-            ax.step(
-                xs,
-                [(i + 1) / r["requests"] for i in range(len(xs))],
-                where="post",
-                label=scenario,
-                color=COLORS[scenario],
-            )
-    ax.axvline(raw["slo_s"], linestyle="--", color="grey", label="TTFT SLO")
-    ax.set_xlabel("TTFT (s)")
-    ax.set_ylabel("fraction of all requests sent")
-    ax.set_title("TTFT CDF at 2x (the curve tops out at the share that got a first token)")
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(out_dir / "ttft_cdf_2x.png", dpi=110)
-    plt.close(fig)
-
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    rho = [i / 100 for i in range(5, 96)]
-    # llama-server shares its capacity among the requests inside (continuous batching): a
-    # processor-sharing server, whose mean time in system is 1 / (μ − λ) whatever the
-    # service-time distribution (M/G/1-PS is insensitive), so the M/M/1 curve applies.
-    ax.plot(rho, [1 / (mu - p * mu) for p in rho], color="grey", label="M/M/1 (= M/G/1-PS): W = 1 / (μ − λ)")
-    if simulated_w:
-        ax.plot([p for p, _ in simulated_w], [w for _, w in simulated_w], linestyle=":", color=COLORS["direct"],
-                label="direct, simulated: mean time in system")  # fmt: skip
-    for scenario in ("direct", "slogate"):
-        pts = [(load, r["time_in_system_mean_s"]) for load in loads
-               if (r := _find(runs, scenario, load)) and r.get("time_in_system_mean_s")]  # fmt: skip
-        ax.plot([p for p, _ in pts], [w for _, w in pts], marker="o", linestyle="none", color=COLORS[scenario],
-                label=f"{scenario}: mean time in system of completed")  # fmt: skip
-    ax.set_xlabel("offered utilization ρ = λ / μ")
-    ax.set_ylabel("seconds (clients give up at 10 s: above ρ = 1 the measured mean is censored)")
-    ax.set_yscale("log")
-    ax.set_title("Latency vs utilization")
-    ax.legend(fontsize="small")
-    fig.tight_layout()
-    fig.savefig(out_dir / "latency_vs_utilization.png", dpi=110)
-    plt.close(fig)
-    return ["goodput.png", "ttft_cdf_2x.png", "latency_vs_utilization.png"]
-
-
 def targets(raw: dict[str, Any], mu: float) -> list[tuple[str, str, bool | None]]:
     """(target, measured, met) for each target of the benchmark issue."""
-    runs = _main_runs(raw)
+    runs = main_runs(raw)
     rows: list[tuple[str, str, bool | None]] = []
-    gate = {load: _find(runs, "slogate", load) for load in (0.5, 1.0, 2.0, 4.0)}
-    direct = {load: _find(runs, "direct", load) for load in (0.5, 1.0, 2.0, 4.0)}
+    gate = {load: find_run(runs, "slogate", load) for load in (0.5, 1.0, 2.0, 4.0)}
+    direct = {load: find_run(runs, "direct", load) for load in (0.5, 1.0, 2.0, 4.0)}
     one = gate[1.0]["goodput_rps"] if gate[1.0] else None
     for load in (2.0, 4.0):
         g = gate[load]
@@ -307,7 +123,7 @@ def targets(raw: dict[str, Any], mu: float) -> list[tuple[str, str, bool | None]
                 ratio >= 3,
             )
         )
-    heavy = {s: _find(raw["runs"], s, 2.0, workload="heavy_tail", retry="none") for s in ("count-cap", "slogate")}
+    heavy = {s: find_run(raw["runs"], s, 2.0, workload="heavy_tail", retry="none") for s in ("count-cap", "slogate")}
     if all(heavy.values()):
         c, g = heavy["count-cap"], heavy["slogate"]
         assert c is not None
@@ -327,7 +143,7 @@ def targets(raw: dict[str, Any], mu: float) -> list[tuple[str, str, bool | None]
             )
         )
     for kind in ("immediate", "backoff", "budget"):
-        r = _find(raw["runs"], "slogate", 2.0, workload="chat", retry=kind)
+        r = find_run(raw["runs"], "slogate", 2.0, workload="chat", retry=kind)
         if r:
             p = r["rejection_probability"]
             predicted = r["offered_rps"] / (1 - p) if p is not None and p < 1 else None
@@ -370,7 +186,7 @@ def write_report(
         server_seconds_per_request(prefill, decode, a, b, thresholds.concurrency_cap)
         for a, b in preset("chat").draws(2000)
     )
-    loads = sorted({r["load"] for r in _main_runs(raw)})
+    loads = sorted({r["load"] for r in main_runs(raw)})
     simulated = simulated_goodput(profile, thresholds, mu, loads, slo_s=raw["slo_s"], seconds=raw.get("seconds", 40.0))
     names = plots(raw, mu, plot_dir, simulated, simulated_time_in_system(profile, mu, slo_s=raw["slo_s"]))
     env = raw["environment"]
@@ -418,7 +234,7 @@ def write_report(
         *[f"![{n}](bench/{n})" for n in names],
         "",
     ]
-    runs = _main_runs(raw)
+    runs = main_runs(raw)
     for load in sorted({r["load"] for r in runs}):
         lines += [
             f"## {load:g}x offered load (chat)",
@@ -427,7 +243,7 @@ def write_report(
             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
         ]
         for scenario in SCENARIOS:
-            r = _find(runs, scenario, load)
+            r = find_run(runs, scenario, load)
             if r:
                 lines.append(
                     f"| {scenario} | {r['requests']} | {r['within_slo']} | {r['rejected']} | {r.get('refused', 0)} | "
@@ -447,7 +263,7 @@ def write_report(
     for i, load in enumerate(loads):
         cells = []
         for scenario in SIMULATED_GATES:
-            measured = _find(runs, scenario, load)
+            measured = find_run(runs, scenario, load)
             cells += [_fmt(measured["goodput_rps"] if measured else None), f"{simulated[scenario][i][1]:.2f}"]
         lines.append(f"| {load:g}x | " + " | ".join(cells) + " |")
     lines.append("")

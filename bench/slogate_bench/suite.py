@@ -35,8 +35,10 @@ from slogate_admission.schema import CalibrationProfile, Policy, Thresholds
 from slogate_admission.service import server_seconds_per_request
 from slogate_bench.baselines import fair_count_cap, fair_rate_limit, spawned_baseline
 from slogate_bench.gate_process import GateProcess, spawned_gate
-from slogate_bench.load import NO_RETRY, RetryPolicy, Run, Workload, one_request, open_loop, preset
+from slogate_bench.load import Run, one_request, open_loop
 from slogate_bench.report import write_report
+from slogate_bench.retries import NO_RETRY, RetryPolicy
+from slogate_bench.workloads import Workload, preset
 from slogate_calibration.calibrate import CalibrationSettings, calibrate, identify_server
 from slogate_calibration.output import full_json, write_atomic
 from slogate_calibration.runtime import LlamaServer, locate

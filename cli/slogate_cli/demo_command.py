@@ -22,7 +22,8 @@ from rich.table import Table
 from slogate_admission.derivation import decode_curve, derive_thresholds, prefill_curve
 from slogate_admission.schema import Policy, Thresholds
 from slogate_admission.service import server_seconds_per_request
-from slogate_bench.load import Run, Workload, open_loop
+from slogate_bench.load import Run, open_loop
+from slogate_bench.workloads import Workload
 from slogate_calibration.calibrate import CalibrationError, CalibrationSettings
 from slogate_calibration.output import write_atomic
 from slogate_calibration.prometheus_text import LlamaCounters
@@ -128,7 +129,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     console.print(table(runs, args.slo_ttft, rate))
     # Imported here: matplotlib is for the demo and benchmarks, not for every `slogate` command.
-    from slogate_bench.report import demo_plot  # noqa: PLC0415
+    from slogate_bench.figures import demo_plot  # noqa: PLC0415
 
     demo_plot(runs, args.slo_ttft, args.plot)
     console.print(f"plot: {args.plot}")

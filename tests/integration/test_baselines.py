@@ -14,7 +14,8 @@ from typing import Any
 import aiohttp
 
 from slogate_bench.baselines import CountCapProxy, RateLimitProxy, serving, spawned_baseline
-from slogate_bench.load import Arrival, Run, run_arrivals
+from slogate_bench.load import Run, run_arrivals
+from slogate_bench.workloads import Arrival
 from slogate_calibration.runtime import LlamaServer
 
 TIMEOUT_S = 300.0

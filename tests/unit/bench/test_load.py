@@ -34,23 +34,9 @@ from slogate_bench.baselines import (
     running_baseline,
     serving,
 )
-from slogate_bench.load import (
-    PRESETS,
-    Arrival,
-    Result,
-    RetryBudget,
-    RetryPolicy,
-    Run,
-    Workload,
-    class_mix,
-    one_request,
-    open_loop,
-    parse_retry_after,
-    preset,
-    request_with_retries,
-    run_arrivals,
-    schedule,
-)
+from slogate_bench.load import Result, Run, one_request, open_loop, request_with_retries, run_arrivals
+from slogate_bench.retries import RetryBudget, RetryPolicy, parse_retry_after
+from slogate_bench.workloads import PRESETS, Arrival, Workload, class_mix, preset, schedule
 
 # --- a scripted upstream: rejects on cue, counts every attempt it sees ---------------------------------------------
 

@@ -1,0 +1,205 @@
+"""The benchmark's plots (and the demo's), with the simulator's curves laid over the measured ones."""
+
+from __future__ import annotations
+
+import math
+import statistics
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+
+from slogate_admission.schema import CalibrationProfile, Thresholds
+from slogate_bench import scenario as sim
+from slogate_bench.baselines import fair_count_cap
+from slogate_bench.load import Run
+from slogate_bench.simulator import simulate
+from slogate_bench.workloads import preset
+
+SCENARIOS = ("direct", "count-cap", "rate-limit", "slogate")
+COLORS = {"direct": "#d62728", "count-cap": "#ff7f0e", "rate-limit": "#9467bd", "slogate": "#2ca02c"}
+
+
+def main_runs(raw: dict[str, Any]) -> list[dict[str, Any]]:
+    return [r for r in raw["runs"] if r["workload"] == "chat" and r["retry"] == "none"]
+
+
+def find_run(runs: list[dict[str, Any]], scenario: str, load: float, **match: str) -> dict[str, Any] | None:
+    return next(
+        (
+            r
+            for r in runs
+            if r["scenario"] == scenario and r["load"] == load and all(r[k] == v for k, v in match.items())
+        ),
+        None,
+    )
+
+
+def demo_plot(runs: dict[str, Run], slo_s: float, path: Path) -> None:
+    """`slogate demo`'s picture: each run's TTFT CDF over all requests sent, and what became of them."""
+    fig, (cdf, bars) = plt.subplots(1, 2, figsize=(11, 4.2))
+    colors = ["#d62728", "#2ca02c", "#1f77b4", "#9467bd"]
+    for (name, run), color in zip(runs.items(), colors, strict=False):
+        ttfts = sorted(r.ttft_s for r in run.results if r.outcome == "ok" and r.ttft_s is not None)
+        if ttfts:
+            cdf.step(
+                ttfts, [(i + 1) / len(run.results) for i in range(len(ttfts))], where="post", label=name, color=color
+            )
+    cdf.axvline(slo_s, linestyle="--", color="grey", label=f"TTFT SLO {slo_s:g} s")
+    cdf.set_xlabel("TTFT (s)")
+    cdf.set_ylabel("fraction of requests sent")
+    cdf.set_title("TTFT of served requests (tops out at the share served)")
+    cdf.legend()
+    names = list(runs)
+    bottoms = [0.0] * len(names)
+    for label, color, count in (
+        ("within SLO", "#2ca02c", lambda r: len(r.within(slo_s))),
+        ("served late", "#ff7f0e", lambda r: r.count("ok") - len(r.within(slo_s))),
+        ("rejected at once", "#7f7f7f", lambda r: r.count("rejected") + r.count("refused")),
+        ("timed out / error", "#d62728", lambda r: r.count("timeout") + r.count("error")),
+    ):
+        heights = [float(count(runs[n])) for n in names]
+        bars.bar(names, heights, bottom=bottoms, label=label, color=color)
+        bottoms = [b + h for b, h in zip(bottoms, heights, strict=True)]
+    bars.set_ylabel("requests")
+    bars.set_title("What became of the same requests")
+    bars.legend()
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+SIMULATED_GATES: dict[str, sim.GateKind] = {"direct": "none", "count-cap": "count-cap", "slogate": "slogate"}
+SIMULATED_SEEDS = 20
+
+
+def simulated_goodput(
+    profile: CalibrationProfile, thresholds: Thresholds, mu: float, loads: list[float], *, slo_s: float, seconds: float
+) -> dict[str, list[tuple[float, float]]]:
+    """`slogate simulate`'s goodput at the measured loads, per scenario, for the chat workload.
+
+    The same λ = load · μ and window as the measured runs, the chat preset's own draws as
+    lengths, the same 10 s client patience, the fair count cap; the mean over 20 seeds, so
+    the curve is the model's expectation for one such run. (The window matters above 1x:
+    an ungated queue grows for as long as the overload lasts.)
+    """
+    draws = preset("chat").draws(5000)
+    workload = sim.Workload(
+        prompt_tokens=sim.SampledLengths(tuple(n_in for n_in, _ in draws)),
+        output_tokens=sim.SampledLengths(tuple(n_out for _, n_out in draws)),
+    )
+    server = sim.ServerModel.from_profile(profile)
+    cap = fair_count_cap(thresholds.concurrency_cap, slo_s, thresholds.concurrency_cap / mu)
+    curves: dict[str, list[tuple[float, float]]] = {}
+    for scenario, gate in SIMULATED_GATES.items():
+        curves[scenario] = [
+            (load, statistics.fmean(simulate(sim.SimulationConfig(
+                server=server, workload=workload, arrival_rate_rps=load * mu, duration_s=seconds,
+                ttft_slo_s=slo_s, gate=gate, thresholds=thresholds,
+                count_cap=sim.CountCap(cap.max_concurrency, cap.max_queue), seed=seed,
+            )).goodput_rps for seed in range(SIMULATED_SEEDS)))
+            for load in loads
+        ]  # fmt: skip
+    return curves
+
+
+def simulated_time_in_system(
+    profile: CalibrationProfile, mu: float, *, slo_s: float, seconds: float = 3600.0
+) -> list[tuple[float, float]]:
+    """The simulator's mean time in system for llama-server alone (patient clients) at ρ = 0.1 .. 0.95."""
+    draws = preset("chat").draws(5000)
+    workload = sim.Workload(
+        prompt_tokens=sim.SampledLengths(tuple(n_in for n_in, _ in draws)),
+        output_tokens=sim.SampledLengths(tuple(n_out for _, n_out in draws)),
+        client_timeout_s=math.inf,
+    )
+    server = sim.ServerModel.from_profile(profile)
+    points = []
+    for rho in (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.85, 0.9, 0.95):
+        result = simulate(sim.SimulationConfig(server=server, workload=workload, arrival_rate_rps=rho * mu,
+                                               duration_s=seconds, ttft_slo_s=slo_s, seed=7))  # fmt: skip
+        if result.mean_time_in_system_s is not None:
+            points.append((rho, result.mean_time_in_system_s))
+    return points
+
+
+def plots(
+    raw: dict[str, Any],
+    mu: float,
+    out_dir: Path,
+    simulated: dict[str, list[tuple[float, float]]] | None = None,
+    simulated_w: list[tuple[float, float]] | None = None,
+) -> list[str]:
+    """Three PNGs; returns their file names."""
+    runs = main_runs(raw)
+    loads = sorted({r["load"] for r in runs})
+    out_dir.mkdir(parents=True, exist_ok=True)
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for scenario in SCENARIOS:
+        points = [(load, find_run(runs, scenario, load)) for load in loads]
+        xs = [load for load, r in points if r]
+        ys = [r["goodput_rps"] for _, r in points if r]
+        ax.plot(xs, ys, marker="o", label=scenario, color=COLORS[scenario])
+        if simulated and scenario in simulated:
+            ax.plot([x for x, _ in simulated[scenario]], [y for _, y in simulated[scenario]], linestyle=":",
+                    color=COLORS[scenario], label=f"{scenario}, simulated")  # fmt: skip
+    ax.axhline(mu, linestyle="--", color="grey", label=f"calibrated capacity μ = {mu:.2f}/s")
+    ax.set_xlabel("offered load (x μ)")
+    ax.set_ylabel(f"goodput: completed with TTFT ≤ {raw['slo_s']:g} s (req/s)")
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(loads, [f"{x:g}x" for x in loads])
+    ax.set_title("Goodput vs offered load")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(out_dir / "goodput.png", dpi=110)
+    plt.close(fig)
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for scenario in SCENARIOS:
+        r = find_run(runs, scenario, 2.0)
+        if r and r["ttfts"]:
+            xs = r["ttfts"]
+            ax.step(
+                xs,
+                [(i + 1) / r["requests"] for i in range(len(xs))],
+                where="post",
+                label=scenario,
+                color=COLORS[scenario],
+            )
+    ax.axvline(raw["slo_s"], linestyle="--", color="grey", label="TTFT SLO")
+    ax.set_xlabel("TTFT (s)")
+    ax.set_ylabel("fraction of all requests sent")
+    ax.set_title("TTFT CDF at 2x (the curve tops out at the share that got a first token)")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(out_dir / "ttft_cdf_2x.png", dpi=110)
+    plt.close(fig)
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    rho = [i / 100 for i in range(5, 96)]
+    # llama-server shares its capacity among the requests inside (continuous batching): a
+    # processor-sharing server, whose mean time in system is 1 / (μ − λ) whatever the
+    # service-time distribution (M/G/1-PS is insensitive), so the M/M/1 curve applies.
+    ax.plot(rho, [1 / (mu - p * mu) for p in rho], color="grey", label="M/M/1 (= M/G/1-PS): W = 1 / (μ − λ)")
+    if simulated_w:
+        ax.plot([p for p, _ in simulated_w], [w for _, w in simulated_w], linestyle=":", color=COLORS["direct"],
+                label="direct, simulated: mean time in system")  # fmt: skip
+    for scenario in ("direct", "slogate"):
+        pts = [(load, r["time_in_system_mean_s"]) for load in loads
+               if (r := find_run(runs, scenario, load)) and r.get("time_in_system_mean_s")]  # fmt: skip
+        ax.plot([p for p, _ in pts], [w for _, w in pts], marker="o", linestyle="none", color=COLORS[scenario],
+                label=f"{scenario}: mean time in system of completed")  # fmt: skip
+    ax.set_xlabel("offered utilization ρ = λ / μ")
+    ax.set_ylabel("seconds (clients give up at 10 s: above ρ = 1 the measured mean is censored)")
+    ax.set_yscale("log")
+    ax.set_title("Latency vs utilization")
+    ax.legend(fontsize="small")
+    fig.tight_layout()
+    fig.savefig(out_dir / "latency_vs_utilization.png", dpi=110)
+    plt.close(fig)
+    return ["goodput.png", "ttft_cdf_2x.png", "latency_vs_utilization.png"]
