@@ -59,7 +59,8 @@ def boot_problem(problem: OSError | ValueError) -> str:
         return str(problem)
     first = problem.errors()[0]
     where = ".".join(str(p) for p in first["loc"]) or "(document)"
-    more = f" (and {problem.error_count() - 1} more problems)" if problem.error_count() > 1 else ""
+    others = problem.error_count() - 1
+    more = f" (and {others} more problem{'s' if others > 1 else ''})" if others else ""
     return f"{where}: {first['msg']}{more}"
 
 
