@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from http.client import HTTPException
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -185,6 +186,10 @@ def http(
             return Reply(response.status, dict(response.headers.items()), response.read())
     except urllib.error.HTTPError as error:
         return Reply(error.code, dict(error.headers.items()), error.read())
+    except (OSError, HTTPException) as error:  # URLError is an OSError
+        # No HTTP answer at all (refused, reset, a port-forward dropping the connection):
+        # status 0, so the caller reports it with the others instead of dying mid-burst.
+        return Reply(0, {}, f"{type(error).__name__}: {error}".encode())
 
 
 def burst(

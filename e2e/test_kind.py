@@ -151,17 +151,23 @@ class TestSlogateOnKind:
         replies: list[Reply] = []
         hint = f"kubectl -n {APP_NAMESPACE} get svc {example.service} -o yaml (targetPort must be the sidecar's)"
         with port_forward(kube, APP_NAMESPACE, f"svc/{example.service}", 80, hint=hint) as url:
-            # The interactive class has the tightest budget (1 s): 300-token prompts overload it.
+            # The interactive class has the tightest budget (1 s). Each 120-token prompt fits it
+            # alone (its own prefill is well under 1 s even at 200 tokens/s); 32 at once do not.
             for _ in range(5):
                 bodies = []
-                for _ in range(24):
-                    start = rng.randrange(1000, 30000)
-                    bodies.append({"prompt": list(range(start, start + 300)), "n_predict": 8})
+                for _ in range(32):
+                    start = rng.randrange(1000, 30000)  # distinct token ids: no prompt-cache reuse
+                    bodies.append({"prompt": list(range(start, start + 120)), "n_predict": 8})
                 replies += burst_with_class(url, bodies, "interactive")
                 if sum(r.status == 429 for r in replies) >= 10:
                     break
         statuses = sorted({r.status for r in replies})
-        assert set(statuses) <= {200, 429}, f"unexpected statuses {statuses}: {[r.body[:200] for r in replies][:3]}"
+        odd = [r.body[:300] for r in replies if r.status not in (200, 429)][:3]
+        assert set(statuses) <= {200, 429}, (
+            f"unexpected statuses {statuses}: {odd}. A 400 slogate_request_too_large means one prompt alone "
+            f"exceeds the class's TTFT budget on this machine; a 503, that the sidecar lost llama-server; 0, "
+            f"no HTTP answer (the kubectl port-forward dropped the connection)."
+        )
         refused = [r for r in replies if r.status == 429]
         assert refused, f"no request was shed in {len(replies)}. Look at: the thresholds in the policy's status"
         assert any(r.status == 200 for r in replies), "the gate shed everything; it should still serve some"

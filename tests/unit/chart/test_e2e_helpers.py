@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import socket
 import subprocess
 import sys
 import threading
@@ -249,6 +250,13 @@ def test_burst_returns_every_reply_with_headers_and_errors_as_replies(fake_gate:
         if reply.status == 429:
             assert tools.retry_after_seconds(reply) == 2
             assert reply.json()["error"]["code"] == "slogate_rejected"
+    # No answer at all is a reply with status 0 and the reason, not an exception mid-burst.
+    with socket.socket() as closed:
+        closed.bind(("127.0.0.1", 0))
+        port = closed.getsockname()[1]
+    nobody = tools.http("POST", f"http://127.0.0.1:{port}/completion", {"prompt": "x"}, timeout_s=10)
+    assert nobody.status == 0
+    assert b"Connection refused" in nobody.body or b"URLError" in nobody.body
     bad = tools.Reply(429, {"Retry-After": "0.5"}, b"{}")
     with pytest.raises(AssertionError, match="not whole seconds"):
         tools.retry_after_seconds(bad)
