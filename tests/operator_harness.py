@@ -179,6 +179,11 @@ class Cluster:
             shortnames=set(crd["names"]["shortNames"]), subresources={"status"},
             verbs={"get", "list", "watch", "create", "patch", "delete", "update"},
         )  # fmt: skip
+        for plural, kind, namespaced in (("clusterkopfpeerings", "ClusterKopfPeering", False),
+                                         ("kopfpeerings", "KopfPeering", True)):  # fmt: skip
+            emulator.resources[f"kopf.dev/v1/{plural}"] = kmock.ResourceInfo(
+                kind=kind, namespaced=namespaced, verbs={"get", "list", "watch", "create", "patch"}
+            )
         server = kmock.Server(emulator)
         await server.__aenter__()
         return emulator, server

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import random
 import sys
 
 from slogate_cli.arguments import Subcommands, non_negative_int
@@ -30,6 +31,7 @@ def add_parser(subparsers: Subcommands) -> None:
     peering = parser.add_mutually_exclusive_group()
     peering.add_argument("--peering", help="kopf peering name shared by the replicas (default: slogate)")
     peering.add_argument("--standalone", action="store_true", help="no peering: a single replica")
+    parser.add_argument("--priority", type=non_negative_int, help="peering priority; default: random per process")
     parser.add_argument("--image", help="the slogate image for sidecars and calibration Jobs")
     parser.add_argument("--metrics-port", type=non_negative_int, help="Prometheus /metrics port; 0: none")
     parser.add_argument("--liveness-port", type=non_negative_int, help="liveness /healthz port; 0: none")
@@ -40,16 +42,18 @@ def add_parser(subparsers: Subcommands) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Run until SIGTERM or SIGINT."""
-    # Imported here: every other subcommand starts faster without kopf.
-    import kopf
+    # Imported here: every other subcommand starts faster without kopf, and importing
+    # the handlers registers them with kopf.
+    import kopf  # noqa: PLC0415
 
-    from slogate_operator import handlers
-    from slogate_operator.settings import OperatorSettings, SettingsError
+    from slogate_operator import handlers  # noqa: PLC0415
+    from slogate_operator.settings import OperatorSettings, SettingsError  # noqa: PLC0415
 
     overrides: dict[str, object] = {
         "peering": args.peering,
         "standalone": True if args.standalone else None,
         "image": args.image,
+        "priority": args.priority,
         "metrics_port": args.metrics_port,
         "liveness_port": args.liveness_port,
     }
@@ -65,12 +69,15 @@ def run(args: argparse.Namespace) -> int:
         sys.stderr.write(f"slogate operator: error: {error}\n")
         return 2
     kopf.configure(verbose=args.verbose, log_format=kopf.LogFormat[args.log_format.upper()])
+    # kopf pauses every replica of a peering when two share a priority: draw one unless set.
+    priority = settings.priority or random.SystemRandom().randint(1, 2**31 - 1)
     assert handlers.RESOURCE  # the import registered the handlers with kopf
     kopf.run(
         clusterwide=not settings.namespaces,
         namespaces=settings.namespaces,
         standalone=settings.standalone,
         peering_name=None if settings.standalone else settings.peering,
+        priority=priority,
         liveness_endpoint=f"http://0.0.0.0:{settings.liveness_port}/healthz" if settings.liveness_port else None,
         memo=kopf.Memo(config=settings),
     )

@@ -72,6 +72,7 @@ async def startup(memo: kopf.Memo, settings: kopf.OperatorSettings, logger: kopf
         prefix=names.GROUP, key="last-handled-configuration"
     )
     settings.persistence.finalizer = f"{names.GROUP}/operator"
+    settings.peering.lifetime = config.peering_lifetime_seconds
     client = KubeClient(
         lambda: connection_info(config, settings), retries=config.api_retries, backoff_s=config.api_backoff_seconds
     )

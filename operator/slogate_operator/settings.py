@@ -34,6 +34,12 @@ class OperatorSettings:
     """kopf peering object: replicas sharing it elect one active operator (HA)."""
     standalone: bool = False
     """No peering at all: for a single replica, local runs and tests."""
+    priority: int = 0
+    """Peering priority; 0: a random one per process. Replicas must differ: kopf pauses
+    every operator of a peering when two share a priority."""
+    peering_lifetime_seconds: int = 60
+    """How long a replica's peering record counts as alive: the standby takes over this
+    long after the active one stopped renewing it."""
     image: str = DEFAULT_IMAGE
     """The slogate image: injected sidecars and calibration Jobs run `slogate` from it,
     unless a policy names its own ``spec.sidecar.image``."""
@@ -79,12 +85,14 @@ class OperatorSettings:
             value = getattr(self, name)
             if not (math.isfinite(value) and value > 0):
                 raise SettingsError(f"{name} must be a finite number > 0, got {value!r}")
-        for name in ("push_attempts", "api_retries", "job_ttl_seconds"):
+        for name in ("push_attempts", "api_retries", "job_ttl_seconds", "peering_lifetime_seconds"):
             if getattr(self, name) < 1:
                 raise SettingsError(f"{name} must be >= 1, got {getattr(self, name)!r}")
         for name in ("metrics_port", "liveness_port"):
             if not 0 <= getattr(self, name) <= 65535:
                 raise SettingsError(f"{name} must be a port number or 0, got {getattr(self, name)!r}")
+        if self.priority < 0:
+            raise SettingsError(f"priority must be >= 0 (0: random), got {self.priority}")
         if not self.image:
             raise SettingsError("image must not be empty")
         if not self.standalone and not self.peering:

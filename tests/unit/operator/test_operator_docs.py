@@ -20,6 +20,6 @@ def test_the_rbac_table_is_the_permission_list() -> None:
 def test_every_example_and_cli_flag_is_mentioned() -> None:
     for example in sorted((ROOT / "examples").glob("*.yaml")):
         assert example.name in DOC, example.name
-    for flag in ("--namespace", "--all-namespaces", "--peering", "--standalone", "--image", "--metrics-port",
+    for flag in ("--namespace", "--all-namespaces", "--peering", "--standalone", "--priority", "--image", "--metrics-port",
                  "--liveness-port", "--log-format", "--verbose"):  # fmt: skip
         assert flag in DOC, flag

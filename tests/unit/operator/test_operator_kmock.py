@@ -235,6 +235,34 @@ def test_a_failed_calibration_keeps_the_last_thresholds_warns_and_retries(
     assert thresholds_in(cluster).calibration_id == "cal-retried"
 
 
+def test_a_calibration_past_its_deadline_is_timed_out(cluster: Cluster, operator: KopfRunner) -> None:
+    cluster.create(DEPLOYMENTS, llama_deployment())
+    cluster.create(POLICIES, admission_policy())
+    (job,) = eventually(lambda: job_names(cluster))
+    cluster.fail_job(job, "", reason="DeadlineExceeded")  # Kubernetes enforced activeDeadlineSeconds
+    degraded = eventually(
+        lambda: (c := condition(cluster.get(POLICIES, "smollm2"), "Degraded")).get("status") == "True" and c
+    )
+    assert degraded["reason"] == "CalibrationTimedOut"
+    assert eventually(lambda: events(cluster, "CalibrationTimedOut"))[0]["type"] == "Warning"
+
+
+def test_a_job_that_never_finishes_is_stopped_by_the_operators_own_clock(
+    cluster: Cluster, operator: KopfRunner
+) -> None:
+    cluster.create(DEPLOYMENTS, llama_deployment())
+    cluster.create(POLICIES, admission_policy(calibration={"timeoutSeconds": 30, "budgetSeconds": 20}))
+    (job,) = eventually(lambda: job_names(cluster))
+    # As if it had been created an hour ago and Kubernetes never failed it (no Job controller).
+    cluster.patch(JOBS, job, {"metadata": {"creationTimestamp": "2026-01-01T00:00:00Z"}})
+    degraded = eventually(
+        lambda: (c := condition(cluster.get(POLICIES, "smollm2"), "Degraded")).get("status") == "True" and c
+    )
+    assert degraded["reason"] == "CalibrationTimedOut"
+    assert "has not finished" in degraded["message"]
+    assert len(cluster.calls("DELETE", "jobs")) >= 1  # stopped, not left to burn CPU
+
+
 def test_a_result_that_is_no_profile_is_a_failure_too(cluster: Cluster, operator: KopfRunner) -> None:
     cluster.create(DEPLOYMENTS, llama_deployment())
     cluster.create(POLICIES, admission_policy())
