@@ -38,6 +38,8 @@ from slogate_sidecar.state import Sidecar
 
 log = logging.getLogger("slogate.sidecar")
 
+MULTI_GENERATION_FIELDS = ("n", "n_cmpl")
+"""Fields asking llama-server for several generations of one prompt (one slot each)."""
 FALLBACK_TOKENS_PER_CHAR = 0.5
 """Used only if the profile carried no tokenizer density (older profiles)."""
 
@@ -97,14 +99,17 @@ class InferenceProxy:
 
     @staticmethod
     def _one_generation(parsed: ParsedRequest) -> ParsedRequest | web.Response:
-        """One request, one stream: the accounting (slots, KV, queue) depends on it."""
-        n = parsed.body.get("n")
-        if parsed.prompt_count == 1 and (n is None or (type(n) in (int, float) and n == 1)):
+        """One request, one stream: the accounting (slots, KV, queue) depends on it.
+
+        llama-server runs ``n`` (OpenAI's) or ``n_cmpl`` (its own) generations of one
+        prompt in as many slots, and a batch prompt one per text."""
+        several = [field for field in MULTI_GENERATION_FIELDS if not _is_one(parsed.body.get(field))]
+        if parsed.prompt_count == 1 and not several:
             return parsed
         return responses.error(
-            400, "slogate gates one generation per request: send one prompt, with n = 1",
+            400, "slogate gates one generation per request: send one prompt, with n (and n_cmpl) = 1",
             kind="invalid_request_error", code="slogate_one_generation_per_request",
-            param="prompt" if parsed.prompt_count > 1 else "n",
+            param="prompt" if parsed.prompt_count > 1 else several[0],
         )  # fmt: skip
 
     def _output_tokens(self, parsed: ParsedRequest) -> int:
@@ -349,6 +354,11 @@ def upstream_timeout(sidecar: Sidecar) -> aiohttp.ClientTimeout:
         sock_connect=sidecar.settings.upstream_connect_timeout_s,
         sock_read=sidecar.settings.upstream_read_timeout_s,
     )
+
+
+def _is_one(value: object) -> bool:
+    """Absent (null) or the number 1."""
+    return value is None or (type(value) in (int, float) and value == 1)
 
 
 async def passthrough(sidecar: Sidecar, request: web.Request) -> web.StreamResponse:

@@ -46,7 +46,7 @@ json_values = st.recursive(
 )
 # The fields the gate reads, and a few it passes on; values of every JSON type.
 FIELDS = [
-    "messages", "prompt", "max_tokens", "max_completion_tokens", "n_predict", "stream", "n",
+    "messages", "prompt", "max_tokens", "max_completion_tokens", "n_predict", "stream", "n", "n_cmpl",
     "tools", "reasoning_format", "stream_options", "temperature", "cache_prompt",
 ]  # fmt: skip
 MESSAGE_FIELDS = ["role", "content", "name", "tool_call_id", "reasoning_content", "tool_calls"]
@@ -202,6 +202,23 @@ async def test_valid_requests_are_served_or_refused_with_reasons(
         else:
             assert isinstance(json.loads(answer), dict)
     await assert_books_empty(running)
+
+
+@pytest.mark.parametrize("field", ["n", "n_cmpl"])
+async def test_several_generations_per_request_are_refused_on_every_route(
+    gate: tuple[RunningSidecar, FakeUpstream], field: str
+) -> None:
+    """llama-server honours both n and its own n_cmpl with one slot per generation: one ticket
+    cannot cover them."""
+    running, fake = gate
+    for route in ROUTES:
+        for value in (2, 3.0, 0, True, "2"):
+            status, text = await send(running, route, json.dumps({**valid_body(route), field: value}).encode())
+            assert status == 400, (route, value)
+            assert json.loads(text)["error"]["param"] == field
+        status, _ = await send(running, route, json.dumps({**valid_body(route), field: 1}).encode())
+        assert status == 200
+    assert fake.started == len(ROUTES)
 
 
 async def test_every_route_refuses_oversized_bodies_with_413(gate: tuple[RunningSidecar, FakeUpstream]) -> None:
