@@ -101,9 +101,18 @@ def read_stored(configmap: dict[str, Any] | None) -> StoredCalibration:
 
 
 async def load_stored(client: KubeClient, policy: builders.PolicyRef) -> StoredCalibration:
-    """Read the ConfigMap, creating it empty (so pods can mount it) if missing."""
+    """Read the ConfigMap, creating it empty (so pods can mount it) if missing.
+
+    A ConfigMap left by an earlier policy of the same name (deleted and created again
+    before garbage collection ran) is adopted, so it is not collected from under us.
+    """
     name = names.thresholds_configmap_name(policy.name)
     configmap = await client.get(CONFIGMAPS, policy.namespace, name)
+    if configmap is not None and [o.get("uid") for o in configmap["metadata"].get("ownerReferences") or ()] != [
+        policy.uid
+    ]:
+        owners = {"metadata": {"ownerReferences": [policy.owner_reference()]}}
+        configmap = await client.merge_patch(CONFIGMAPS, policy.namespace, name, owners)
     if configmap is None:
         try:
             await client.create(CONFIGMAPS, policy.namespace, builders.thresholds_configmap(policy, {}, {}))

@@ -189,6 +189,62 @@ def test_a_new_quantization_or_thread_count_recalibrates_a_label_does_not(
     assert len(cluster.calls("POST", "jobs")) == 2
 
 
+def test_without_on_rollout_only_the_annotation_recalibrates(cluster: Cluster, operator: KopfRunner) -> None:
+    first = apply_and_calibrate(cluster, calibration={"onRollout": False})
+    roll_out(cluster, ARGS_T1)
+    stale = eventually(
+        lambda: (c := condition(cluster.get(POLICIES, "smollm2"), "Calibrated")).get("reason") == "Stale" and c
+    )
+    assert "onRollout is false" in stale["message"]
+    settle("smollm2")
+    assert job_names(cluster) == [first]
+    assert thresholds_in(cluster).calibration_id == "cal-test"  # still in force, and said to be stale
+    cluster.patch(POLICIES, "smollm2", {"metadata": {"annotations": {names.ANNOTATION_RECALIBRATE: "now"}}})
+    second = current_job(cluster)
+    assert second != first
+    cluster.complete_job(second, compact_json(slower(smollm2_profile(), 2.0, "cal-asked-for")))
+    eventually(lambda: status_of(cluster, "Calibrated") == "True")
+    assert thresholds_in(cluster).calibration_id == "cal-asked-for"
+
+
+def test_an_slo_the_server_cannot_meet_is_degraded(cluster: Cluster, operator: KopfRunner) -> None:
+    cluster.create(DEPLOYMENTS, llama_deployment())
+    # 10 ms is below the measured fixed prefill cost (20 ms): no request could ever be admitted.
+    cluster.create(POLICIES, admission_policy(slo={"ttftSeconds": 0.01}))
+    (job,) = eventually(lambda: job_names(cluster))
+    cluster.complete_job(job, compact_json(smollm2_profile()))
+    degraded = eventually(
+        lambda: (c := condition(cluster.get(POLICIES, "smollm2"), "Degraded")).get("status") == "True" and c
+    )
+    assert degraded["reason"] == "SLOUnattainable"
+    assert "fixed prefill cost" in degraded["message"]
+    assert thresholds_in(cluster) is None
+    assert status_of(cluster, "Calibrated") == "True"  # the measurement is fine; the SLO is not
+    # A reachable SLO derives from the stored profile, without measuring again.
+    cluster.patch(POLICIES, "smollm2", {"spec": {"slo": {"ttftSeconds": 2.0}}})
+    eventually(lambda: status_of(cluster, "Ready") == "True")
+    assert len(cluster.calls("POST", "jobs")) == 1
+
+
+def test_a_policy_created_again_adopts_its_configmap(cluster: Cluster, operator: KopfRunner) -> None:
+    apply_and_calibrate(cluster)
+    old_uid = policy(cluster)["metadata"]["uid"]
+    cluster.delete(POLICIES, "smollm2")
+    eventually(lambda: cluster.get(POLICIES, "smollm2") is None)
+    cluster.create(POLICIES, admission_policy())  # kmock collects no garbage: the ConfigMap is still there
+    new_uid = eventually(lambda: policy(cluster)["metadata"]["uid"])
+    assert new_uid != old_uid
+    owners = eventually(
+        lambda: (
+            (o := cluster.get(CONFIGMAPS, "smollm2-thresholds")["metadata"]["ownerReferences"])[0]["uid"] == new_uid
+            and o
+        )
+    )
+    assert len(owners) == 1
+    eventually(lambda: status_of(cluster, "Ready") == "True")
+    assert len(cluster.calls("POST", "jobs")) == 1  # same container, same profile: not measured again
+
+
 def test_a_policy_change_rederives_without_measuring_again(cluster: Cluster, operator: KopfRunner) -> None:
     apply_and_calibrate(cluster)
     before = thresholds_in(cluster)
