@@ -19,10 +19,14 @@ from slogate_operator.fingerprint import LlamaContainer, shell_join
 CALIBRATOR_RESOURCES = {"requests": {"cpu": "100m", "memory": "256Mi"}, "limits": {"memory": "1Gi"}}
 """The calibrator sends requests and reads a GGUF header; the llama.cpp container beside
 it keeps the target's own resources, so the measurement is of the real thing."""
+TMP_VOLUME = {"name": names.TMP_VOLUME, "emptyDir": {"sizeLimit": "16Mi"}}
+TMP_MOUNT = {"name": names.TMP_VOLUME, "mountPath": "/tmp"}
 RESTRICTED_SECURITY = {
     "allowPrivilegeEscalation": False,
     "readOnlyRootFilesystem": True,
     "runAsNonRoot": True,
+    "runAsUser": 65532,  # the slogate image's user (Dockerfile)
+    "runAsGroup": 65532,
     "capabilities": {"drop": ["ALL"]},
     "seccompProfile": {"type": "RuntimeDefault"},
 }
@@ -121,7 +125,10 @@ def calibration_job(request: CalibrationRequest) -> dict[str, Any]:
         "image": request.image,
         "command": ["slogate"],
         "args": args,
-        "volumeMounts": [m | {"readOnly": True} for m in llama.container.get("volumeMounts") or ()],
+        "volumeMounts": [
+            *(m | {"readOnly": True} for m in llama.container.get("volumeMounts") or ()),
+            dict(TMP_MOUNT),
+        ],
         "terminationMessagePath": "/dev/termination-log",
         # On failure the log tail (the one-line error) becomes the message.
         "terminationMessagePolicy": "FallbackToLogsOnError",
@@ -135,9 +142,7 @@ def calibration_job(request: CalibrationRequest) -> dict[str, Any]:
         "initContainers": [*llama.feeding_init_containers(), server],
         "containers": [calibrator],
     }
-    volumes = llama.mounted_volumes()
-    if volumes:
-        pod_spec["volumes"] = volumes
+    pod_spec["volumes"] = [*llama.mounted_volumes(), copy.deepcopy(TMP_VOLUME)]
     for field in COPIED_POD_FIELDS:
         if field in llama.pod_spec:
             pod_spec[field] = copy.deepcopy(llama.pod_spec[field])

@@ -16,11 +16,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from slogate_operator import names
-from slogate_operator.builders import RESTRICTED_SECURITY, policy_label_value
+from slogate_operator.builders import RESTRICTED_SECURITY, TMP_MOUNT, TMP_VOLUME, policy_label_value
 
 SIDECAR_RESOURCES = {"requests": {"cpu": "50m", "memory": "64Mi"}, "limits": {"memory": "256Mi"}}
 """No CPU limit: throttling the gate would add latency to every request it passes."""
-OUR_VOLUMES = frozenset({names.THRESHOLDS_VOLUME, names.TOKEN_VOLUME})
+OUR_VOLUMES = frozenset({names.THRESHOLDS_VOLUME, names.TOKEN_VOLUME, names.TMP_VOLUME})
 
 
 class TargetClaimedError(ValueError):
@@ -78,6 +78,7 @@ def sidecar_container(config: SidecarConfig) -> dict[str, Any]:
         "volumeMounts": [
             {"name": names.THRESHOLDS_VOLUME, "mountPath": names.THRESHOLDS_DIR, "readOnly": True},
             {"name": names.TOKEN_VOLUME, "mountPath": names.TOKEN_DIR, "readOnly": True},
+            dict(TMP_MOUNT),
         ],
         "resources": copy.deepcopy(dict(config.resources) if config.resources else SIDECAR_RESOURCES),
         "securityContext": copy.deepcopy(RESTRICTED_SECURITY),
@@ -86,7 +87,7 @@ def sidecar_container(config: SidecarConfig) -> dict[str, Any]:
 
 def sidecar_volumes(config: SidecarConfig) -> list[dict[str, Any]]:
     """The thresholds ConfigMap (optional: a pod may start before the first calibration;
-    its sidecar then waits, not ready, for a push) and the admin token Secret."""
+    its sidecar then waits, not ready, for a push), the admin token Secret, and /tmp."""
     return [
         {
             "name": names.THRESHOLDS_VOLUME,
@@ -100,6 +101,7 @@ def sidecar_volumes(config: SidecarConfig) -> list[dict[str, Any]]:
                 "defaultMode": 0o444,  # the sidecar runs as non-root; only this pod mounts it
             },
         },
+        copy.deepcopy(TMP_VOLUME),
     ]
 
 

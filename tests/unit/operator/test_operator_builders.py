@@ -87,8 +87,11 @@ def test_job_runs_the_target_container_as_native_sidecar_and_the_calibrator_as_m
     assert args[args.index("--budget-seconds") + 1] == "90"
     assert "-t 2 -np 4 -c 8192" in args[args.index("--server-args") + 1]
     assert calibrator["terminationMessagePolicy"] == "FallbackToLogsOnError"
-    assert all(m["readOnly"] for m in calibrator["volumeMounts"])
-    assert pod["volumes"] == dep["spec"]["template"]["spec"]["volumes"]
+    *model_mounts, tmp = calibrator["volumeMounts"]
+    assert all(m["readOnly"] for m in model_mounts)
+    assert tmp == {"name": names.TMP_VOLUME, "mountPath": "/tmp"}
+    assert pod["volumes"][:-1] == dep["spec"]["template"]["spec"]["volumes"]
+    assert pod["volumes"][-1]["name"] == names.TMP_VOLUME  # the calibrator's only writable path
     assert pod["restartPolicy"] == "Never"
     assert job["spec"]["backoffLimit"] == 0
     assert job["spec"]["activeDeadlineSeconds"] == 300
