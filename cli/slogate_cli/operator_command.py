@@ -10,6 +10,7 @@ peering, for one replica or a laptop.
 from __future__ import annotations
 
 import argparse
+import importlib
 import os
 import random
 import sys
@@ -42,11 +43,9 @@ def add_parser(subparsers: Subcommands) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Run until SIGTERM or SIGINT."""
-    # Imported here: every other subcommand starts faster without kopf, and importing
-    # the handlers registers them with kopf.
+    # Imported here: every other subcommand starts faster without kopf.
     import kopf  # noqa: PLC0415
 
-    from slogate_operator import handlers  # noqa: PLC0415
     from slogate_operator.settings import OperatorSettings, SettingsError  # noqa: PLC0415
 
     overrides: dict[str, object] = {
@@ -71,7 +70,7 @@ def run(args: argparse.Namespace) -> int:
     kopf.configure(verbose=args.verbose, log_format=kopf.LogFormat[args.log_format.upper()])
     # kopf pauses every replica of a peering when two share a priority: draw one unless set.
     priority = settings.priority or random.SystemRandom().randint(1, 2**31 - 1)
-    assert handlers.RESOURCE  # the import registered the handlers with kopf
+    importlib.import_module("slogate_operator.handlers")  # registers the handlers with kopf
     kopf.run(
         clusterwide=not settings.namespaces,
         namespaces=settings.namespaces,
