@@ -9,18 +9,8 @@ import socket
 import subprocess
 import sys
 import urllib.request
-from collections.abc import Iterator
-
-import pytest
 
 from operator_harness import DEPLOYMENTS, POLICIES, Cluster, admission_policy, eventually, job_names, llama_deployment
-
-
-@pytest.fixture
-def cluster() -> Iterator[Cluster]:
-    made = Cluster()
-    yield made
-    made.close()
 
 
 def free_port() -> int:

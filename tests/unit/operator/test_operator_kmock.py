@@ -1,121 +1,45 @@
-"""The real operator (kopf) against kmock: every path of the reconcile loop, with the tests
-playing the Job and Deployment controllers. Profiles here are the builder's SmolLM2
-shape; tests/integration/test_operator_sidecars.py runs the same flow on a profile
-measured by the real `slogate calibrate`, with real sidecars receiving the pushes."""
+"""The real operator (kopf) against kmock: the main path, selection and removal, RBAC.
+The tests play the Job and Deployment controllers; profiles are the builder's SmolLM2
+shape (tests/integration/test_operator_sidecars.py runs the same flow on a profile
+measured by the real `slogate calibrate`, with real sidecars receiving the pushes)."""
 
 from __future__ import annotations
 
-import json
-from collections.abc import Iterator
 from datetime import UTC, datetime
-from typing import Any
 
-import jsonschema
-import pytest
 from kopf.testing import KopfRunner
+from operator_flows import (
+    ARGS_T1,
+    apply_and_calibrate,
+    assert_status_fits_the_crd,
+    current_job,
+    policy,
+    roll_out,
+    slower,
+    status_of,
+    thresholds_in,
+)
 
 from builders import smollm2_profile
 from operator_harness import (
     CONFIGMAPS,
     DEPLOYMENTS,
     EVENTS,
-    JOBS,
     POLICIES,
-    SCHEMA,
     SECRETS,
     Cluster,
-    Fault,
     admission_policy,
     condition,
     eventually,
     job_names,
     llama_deployment,
-    running_operator,
     settle,
 )
 from slogate_admission.derivation import derive_thresholds
-from slogate_admission.schema import CalibrationProfile, Thresholds
+from slogate_admission.schema import CalibrationProfile
 from slogate_calibration.output import compact_json
 from slogate_operator import names, rbac
 from slogate_operator.spec import parse_spec
-
-ARGS_T1 = ["-m", "/model/SmolLM2-135M-Instruct.Q4_1.gguf", "--host", "0.0.0.0", "--port", "8080",
-           "-t", "1", "-np", "4", "-c", "8192", "--metrics"]  # fmt: skip
-
-
-@pytest.fixture
-def cluster() -> Iterator[Cluster]:
-    made = Cluster()
-    yield made
-    made.close()
-
-
-@pytest.fixture
-def operator(cluster: Cluster) -> Iterator[KopfRunner]:
-    with running_operator(cluster) as runner:
-        yield runner
-
-
-def policy(cluster: Cluster, name: str = "smollm2") -> dict[str, Any]:
-    found = cluster.get(POLICIES, name)
-    assert found is not None
-    return found
-
-
-def status_of(cluster: Cluster, kind: str, name: str = "smollm2") -> str:
-    return str(condition(cluster.get(POLICIES, name), kind).get("status"))
-
-
-def thresholds_in(cluster: Cluster, name: str = "smollm2") -> Thresholds | None:
-    cm = cluster.get(CONFIGMAPS, f"{name}-thresholds")
-    text = ((cm or {}).get("data") or {}).get(names.THRESHOLDS_KEY)
-    return Thresholds.model_validate_json(text) if text else None
-
-
-def slower(profile: CalibrationProfile, factor: float, new_id: str) -> CalibrationProfile:
-    """The same server at ``factor`` times the cost per token (e.g. one thread instead of two)."""
-    prefill = profile.prefill.model_copy(
-        update={"linear_s": profile.prefill.linear_s * factor, "quadratic_s": profile.prefill.quadratic_s * factor}
-    )
-    decode = tuple(p.model_copy(update={"tokens_per_second": p.tokens_per_second / factor}) for p in profile.decode)
-    return profile.model_copy(update={"id": new_id, "fingerprint": "1" * 16, "prefill": prefill, "decode": decode})
-
-
-def apply_and_calibrate(cluster: Cluster, profile: CalibrationProfile | None = None, **spec: Any) -> str:
-    """Deployment + policy, then the first calibration completes with ``profile``."""
-    cluster.create(DEPLOYMENTS, llama_deployment())
-    cluster.create(POLICIES, admission_policy(**spec))
-    (job,) = eventually(lambda: job_names(cluster), what="a calibration Job")
-    cluster.complete_job(job, compact_json(profile or smollm2_profile()))
-    eventually(lambda: status_of(cluster, "Ready") == "True", what="Ready")
-    return job
-
-
-def current_job(cluster: Cluster, name: str = "smollm2") -> str:
-    """The Job of the calibration under way, once the status names it and it exists."""
-
-    def found() -> str | None:
-        job = ((policy(cluster, name).get("status") or {}).get("calibrating") or {}).get("job")
-        return job if job in job_names(cluster) else None
-
-    return eventually(found, what="the Job of the calibration under way")
-
-
-def roll_out(cluster: Cluster, args: list[str], name: str = "smollm2") -> None:
-    """A rollout that changes the llama.cpp container's arguments."""
-    containers = cluster.get(DEPLOYMENTS, name)["spec"]["template"]["spec"]["containers"]
-    containers[0]["args"] = args
-    cluster.patch(DEPLOYMENTS, name, {"spec": {"template": {"spec": {"containers": containers}}}})
-
-
-def events(cluster: Cluster, reason: str) -> list[dict[str, Any]]:
-    return [e for e in cluster.list(EVENTS) if e.get("reason") == reason]
-
-
-def assert_status_fits_the_crd(found: dict[str, Any]) -> None:
-    errors = list(jsonschema.Draft4Validator(SCHEMA["properties"]["status"]).iter_errors(found["status"]))
-    assert errors == [], [e.message for e in errors]
-
 
 # ------------------------------------------------------------------------------ the main path
 
@@ -254,177 +178,6 @@ def test_a_policy_change_rederives_without_measuring_again(cluster: Cluster, ope
     assert after.calibration_id == before.calibration_id
     assert len(cluster.calls("POST", "jobs")) == 1
     eventually(lambda: policy(cluster)["status"]["observedGeneration"] == 2)
-
-
-# ------------------------------------------------------------------------------ failures are visible
-
-
-def test_a_failed_calibration_keeps_the_last_thresholds_warns_and_retries(
-    cluster: Cluster, operator: KopfRunner
-) -> None:
-    apply_and_calibrate(cluster)
-    old = thresholds_in(cluster)
-    roll_out(cluster, ARGS_T1)
-    job = current_job(cluster)
-    said = "slogate calibrate: error: calibration exceeded its 90 s budget in stage 'decode'"
-    cluster.fail_job(job, said)
-    degraded = eventually(
-        lambda: (c := condition(cluster.get(POLICIES, "smollm2"), "Degraded")).get("status") == "True" and c
-    )
-    assert degraded["reason"] == "CalibrationFailed"
-    assert said in degraded["message"]
-    assert thresholds_in(cluster) == old  # the last good thresholds stay in force
-    assert policy(cluster)["status"]["thresholds"]["calibrationId"] == old.calibration_id
-    assert status_of(cluster, "Ready") == "False"
-    warning = eventually(lambda: events(cluster, "CalibrationFailed"))
-    assert warning[0]["type"] == "Warning"
-    assert said in warning[0]["message"]
-    # After the backoff (1 s in tests) the failed Job makes way for a second attempt.
-    eventually(lambda: len(cluster.calls("POST", "jobs")) == 3, what="the retry's Job")
-    retried = cluster.get(JOBS, job)
-    assert retried is not None
-    assert not (retried.get("status") or {}).get("conditions")
-    assert policy(cluster)["status"]["calibrating"]["attempts"] == 1
-    cluster.complete_job(job, compact_json(slower(smollm2_profile(), 2.0, "cal-retried")))
-    eventually(lambda: status_of(cluster, "Ready") == "True")
-    assert status_of(cluster, "Degraded") == "False"
-    assert thresholds_in(cluster).calibration_id == "cal-retried"
-
-
-def test_a_calibration_past_its_deadline_is_timed_out(cluster: Cluster, operator: KopfRunner) -> None:
-    cluster.create(DEPLOYMENTS, llama_deployment())
-    cluster.create(POLICIES, admission_policy())
-    (job,) = eventually(lambda: job_names(cluster))
-    cluster.fail_job(job, "", reason="DeadlineExceeded")  # Kubernetes enforced activeDeadlineSeconds
-    degraded = eventually(
-        lambda: (c := condition(cluster.get(POLICIES, "smollm2"), "Degraded")).get("status") == "True" and c
-    )
-    assert degraded["reason"] == "CalibrationTimedOut"
-    assert eventually(lambda: events(cluster, "CalibrationTimedOut"))[0]["type"] == "Warning"
-
-
-def test_a_job_that_never_finishes_is_stopped_by_the_operators_own_clock(
-    cluster: Cluster, operator: KopfRunner
-) -> None:
-    cluster.create(DEPLOYMENTS, llama_deployment())
-    cluster.create(POLICIES, admission_policy(calibration={"timeoutSeconds": 30, "budgetSeconds": 20}))
-    (job,) = eventually(lambda: job_names(cluster))
-    # As if it had been created an hour ago and Kubernetes never failed it (no Job controller).
-    cluster.patch(JOBS, job, {"metadata": {"creationTimestamp": "2026-01-01T00:00:00Z"}})
-    degraded = eventually(
-        lambda: (c := condition(cluster.get(POLICIES, "smollm2"), "Degraded")).get("status") == "True" and c
-    )
-    assert degraded["reason"] == "CalibrationTimedOut"
-    assert "has not finished" in degraded["message"]
-    assert len(cluster.calls("DELETE", "jobs")) >= 1  # stopped, not left to burn CPU
-
-
-def test_a_result_that_is_no_profile_is_a_failure_too(cluster: Cluster, operator: KopfRunner) -> None:
-    cluster.create(DEPLOYMENTS, llama_deployment())
-    cluster.create(POLICIES, admission_policy())
-    (job,) = eventually(lambda: job_names(cluster))
-    cluster.complete_job(job, json.dumps({"id": "truncated"}))
-    degraded = eventually(
-        lambda: (c := condition(cluster.get(POLICIES, "smollm2"), "Degraded")).get("status") == "True" and c
-    )
-    assert degraded["reason"] == "CalibrationResultInvalid"
-    assert thresholds_in(cluster) is None
-    assert condition(policy(cluster), "ThresholdsPushed")["reason"] == "NoThresholds"
-
-
-def test_a_missing_target_is_reported_and_picked_up_when_it_appears(cluster: Cluster, operator: KopfRunner) -> None:
-    cluster.create(POLICIES, admission_policy())
-    degraded = eventually(
-        lambda: (c := condition(cluster.get(POLICIES, "smollm2"), "Degraded")).get("status") == "True" and c
-    )
-    assert degraded["reason"] == "TargetNotFound"
-    assert "smollm2" in degraded["message"]
-    assert status_of(cluster, "Ready") == "False"
-    assert eventually(lambda: events(cluster, "TargetNotFound"))[0]["type"] == "Warning"
-    settle("smollm2")
-    assert job_names(cluster) == []
-    cluster.create(DEPLOYMENTS, llama_deployment())
-    eventually(lambda: job_names(cluster), what="a Job once the Deployment exists")
-    eventually(lambda: status_of(cluster, "Degraded") == "False")
-
-
-def test_a_restarted_operator_finds_the_running_calibration(cluster: Cluster) -> None:
-    cluster.create(DEPLOYMENTS, llama_deployment())
-    cluster.create(POLICIES, admission_policy())
-    with running_operator(cluster):
-        (job,) = eventually(lambda: job_names(cluster))
-    with running_operator(cluster):
-        settle("smollm2", more=3)
-        assert job_names(cluster) == [job]
-        assert len(cluster.calls("POST", "jobs")) == 1  # never a duplicate
-        cluster.complete_job(job, compact_json(smollm2_profile()))
-        eventually(lambda: status_of(cluster, "Ready") == "True")
-
-
-def test_pushes_that_fail_are_visible(cluster: Cluster, operator: KopfRunner) -> None:
-    apply_and_calibrate(cluster, sidecar={"adminPort": 9})  # nothing listens on port 9
-    cluster.run_pods("smollm2", ["127.0.0.1"])
-    pushed = eventually(
-        lambda: (c := condition(cluster.get(POLICIES, "smollm2"), "ThresholdsPushed")).get("status") == "False" and c
-    )
-    assert pushed["reason"] == "PushPending"
-    found = policy(cluster)
-    assert found["status"]["pushed"] == "0/1"
-    assert found["status"]["sidecars"]["behind"][0]["reason"].startswith("unreachable")
-    assert status_of(cluster, "Ready") == "False"
-
-
-@pytest.mark.parametrize(
-    ("change", "words"),
-    [
-        ({"classes": [{"name": "a"}, {"name": "a"}]}, "unique"),
-        ({"concurrency": {"max": 2}, "classes": [{"name": "a", "reservedSlots": 2}, {"name": "b"}]}, "no slot"),
-        ({"slo": {"ttftSeconds": -1}}, "greater than 0"),
-    ],
-    ids=["repeated class name", "reserved slots leave none", "negative SLO"],
-)
-def test_a_spec_the_schema_let_through_is_invalid(
-    cluster: Cluster, operator: KopfRunner, change: dict[str, Any], words: str
-) -> None:
-    cluster.create(DEPLOYMENTS, llama_deployment())
-    cluster.create(POLICIES, admission_policy(**change))
-    invalid = eventually(
-        lambda: (c := condition(cluster.get(POLICIES, "smollm2"), "Invalid")).get("status") == "True" and c
-    )
-    assert invalid["reason"] == "InvalidSpec"
-    assert words in invalid["message"]
-    assert status_of(cluster, "Ready") == "False"
-    assert eventually(lambda: events(cluster, "InvalidSpec"))[0]["type"] == "Warning"
-    settle("smollm2")
-    assert job_names(cluster) == []
-    assert len(cluster.get(DEPLOYMENTS, "smollm2")["spec"]["template"]["spec"]["containers"]) == 1
-    # Fixed, it proceeds.
-    cluster.patch(POLICIES, "smollm2", {"spec": admission_policy()["spec"] | {"classes": None, "concurrency": None}})
-    eventually(lambda: job_names(cluster), what="a Job once the spec is valid")
-    assert status_of(cluster, "Invalid") == "False"
-
-
-def test_a_container_that_does_not_exist_is_invalid(cluster: Cluster, operator: KopfRunner) -> None:
-    cluster.create(DEPLOYMENTS, llama_deployment())
-    cluster.create(POLICIES, admission_policy(container="server"))
-    invalid = eventually(
-        lambda: (c := condition(cluster.get(POLICIES, "smollm2"), "Invalid")).get("status") == "True" and c
-    )
-    assert invalid["reason"] == "TargetUnusable"
-    assert "server" in invalid["message"]
-    settle("smollm2")
-    assert job_names(cluster) == []
-
-
-def test_api_conflicts_and_errors_are_retried(cluster: Cluster, operator: KopfRunner) -> None:
-    cluster.emulator.faults += [Fault("PATCH", "deployments", 409), Fault("POST", "jobs", 500, times=5)]
-    cluster.create(DEPLOYMENTS, llama_deployment())
-    cluster.create(POLICIES, admission_policy())
-    (job,) = eventually(lambda: job_names(cluster), what="a Job despite the errors")
-    eventually(lambda: len(cluster.get(DEPLOYMENTS, "smollm2")["spec"]["template"]["spec"]["containers"]) == 2)
-    assert all(f.times == 0 for f in cluster.emulator.faults)  # every fault was met
-    cluster.complete_job(job, compact_json(smollm2_profile()))
-    eventually(lambda: status_of(cluster, "Ready") == "True")
 
 
 # ------------------------------------------------------------------------------ selection and removal

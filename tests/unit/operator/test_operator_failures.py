@@ -1,0 +1,208 @@
+"""The real operator (kopf) against kmock: failures are visible, never silent, and the
+last good thresholds stay in force."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from kopf.testing import KopfRunner
+from operator_flows import (
+    ARGS_T1,
+    apply_and_calibrate,
+    current_job,
+    events,
+    policy,
+    roll_out,
+    slower,
+    status_of,
+    thresholds_in,
+)
+
+from builders import smollm2_profile
+from operator_harness import (
+    DEPLOYMENTS,
+    JOBS,
+    POLICIES,
+    Cluster,
+    Fault,
+    admission_policy,
+    condition,
+    eventually,
+    job_names,
+    llama_deployment,
+    running_operator,
+    settle,
+)
+from slogate_calibration.output import compact_json
+
+# ------------------------------------------------------------------------------ failures are visible
+
+
+def test_a_failed_calibration_keeps_the_last_thresholds_warns_and_retries(
+    cluster: Cluster, operator: KopfRunner
+) -> None:
+    apply_and_calibrate(cluster)
+    old = thresholds_in(cluster)
+    roll_out(cluster, ARGS_T1)
+    job = current_job(cluster)
+    said = "slogate calibrate: error: calibration exceeded its 90 s budget in stage 'decode'"
+    cluster.fail_job(job, said)
+    degraded = eventually(
+        lambda: (c := condition(cluster.get(POLICIES, "smollm2"), "Degraded")).get("status") == "True" and c
+    )
+    assert degraded["reason"] == "CalibrationFailed"
+    assert said in degraded["message"]
+    assert thresholds_in(cluster) == old  # the last good thresholds stay in force
+    assert policy(cluster)["status"]["thresholds"]["calibrationId"] == old.calibration_id
+    assert status_of(cluster, "Ready") == "False"
+    warning = eventually(lambda: events(cluster, "CalibrationFailed"))
+    assert warning[0]["type"] == "Warning"
+    assert said in warning[0]["message"]
+    # After the backoff (1 s in tests) the failed Job makes way for a second attempt.
+    eventually(lambda: len(cluster.calls("POST", "jobs")) == 3, what="the retry's Job")
+    retried = cluster.get(JOBS, job)
+    assert retried is not None
+    assert not (retried.get("status") or {}).get("conditions")
+    assert policy(cluster)["status"]["calibrating"]["attempts"] == 1
+    cluster.complete_job(job, compact_json(slower(smollm2_profile(), 2.0, "cal-retried")))
+    eventually(lambda: status_of(cluster, "Ready") == "True")
+    assert status_of(cluster, "Degraded") == "False"
+    assert thresholds_in(cluster).calibration_id == "cal-retried"
+
+
+def test_a_calibration_past_its_deadline_is_timed_out(cluster: Cluster, operator: KopfRunner) -> None:
+    cluster.create(DEPLOYMENTS, llama_deployment())
+    cluster.create(POLICIES, admission_policy())
+    (job,) = eventually(lambda: job_names(cluster))
+    cluster.fail_job(job, "", reason="DeadlineExceeded")  # Kubernetes enforced activeDeadlineSeconds
+    degraded = eventually(
+        lambda: (c := condition(cluster.get(POLICIES, "smollm2"), "Degraded")).get("status") == "True" and c
+    )
+    assert degraded["reason"] == "CalibrationTimedOut"
+    assert eventually(lambda: events(cluster, "CalibrationTimedOut"))[0]["type"] == "Warning"
+
+
+def test_a_job_that_never_finishes_is_stopped_by_the_operators_own_clock(
+    cluster: Cluster, operator: KopfRunner
+) -> None:
+    cluster.create(DEPLOYMENTS, llama_deployment())
+    cluster.create(POLICIES, admission_policy(calibration={"timeoutSeconds": 30, "budgetSeconds": 20}))
+    (job,) = eventually(lambda: job_names(cluster))
+    # As if it had been created an hour ago and Kubernetes never failed it (no Job controller).
+    cluster.patch(JOBS, job, {"metadata": {"creationTimestamp": "2026-01-01T00:00:00Z"}})
+    degraded = eventually(
+        lambda: (c := condition(cluster.get(POLICIES, "smollm2"), "Degraded")).get("status") == "True" and c
+    )
+    assert degraded["reason"] == "CalibrationTimedOut"
+    assert "has not finished" in degraded["message"]
+    assert len(cluster.calls("DELETE", "jobs")) >= 1  # stopped, not left to burn CPU
+
+
+def test_a_result_that_is_no_profile_is_a_failure_too(cluster: Cluster, operator: KopfRunner) -> None:
+    cluster.create(DEPLOYMENTS, llama_deployment())
+    cluster.create(POLICIES, admission_policy())
+    (job,) = eventually(lambda: job_names(cluster))
+    cluster.complete_job(job, json.dumps({"id": "truncated"}))
+    degraded = eventually(
+        lambda: (c := condition(cluster.get(POLICIES, "smollm2"), "Degraded")).get("status") == "True" and c
+    )
+    assert degraded["reason"] == "CalibrationResultInvalid"
+    assert thresholds_in(cluster) is None
+    assert condition(policy(cluster), "ThresholdsPushed")["reason"] == "NoThresholds"
+
+
+def test_a_missing_target_is_reported_and_picked_up_when_it_appears(cluster: Cluster, operator: KopfRunner) -> None:
+    cluster.create(POLICIES, admission_policy())
+    degraded = eventually(
+        lambda: (c := condition(cluster.get(POLICIES, "smollm2"), "Degraded")).get("status") == "True" and c
+    )
+    assert degraded["reason"] == "TargetNotFound"
+    assert "smollm2" in degraded["message"]
+    assert status_of(cluster, "Ready") == "False"
+    assert eventually(lambda: events(cluster, "TargetNotFound"))[0]["type"] == "Warning"
+    settle("smollm2")
+    assert job_names(cluster) == []
+    cluster.create(DEPLOYMENTS, llama_deployment())
+    eventually(lambda: job_names(cluster), what="a Job once the Deployment exists")
+    eventually(lambda: status_of(cluster, "Degraded") == "False")
+
+
+def test_a_restarted_operator_finds_the_running_calibration(cluster: Cluster) -> None:
+    cluster.create(DEPLOYMENTS, llama_deployment())
+    cluster.create(POLICIES, admission_policy())
+    with running_operator(cluster):
+        (job,) = eventually(lambda: job_names(cluster))
+    with running_operator(cluster):
+        settle("smollm2", more=3)
+        assert job_names(cluster) == [job]
+        assert len(cluster.calls("POST", "jobs")) == 1  # never a duplicate
+        cluster.complete_job(job, compact_json(smollm2_profile()))
+        eventually(lambda: status_of(cluster, "Ready") == "True")
+
+
+def test_pushes_that_fail_are_visible(cluster: Cluster, operator: KopfRunner) -> None:
+    apply_and_calibrate(cluster, sidecar={"adminPort": 9})  # nothing listens on port 9
+    cluster.run_pods("smollm2", ["127.0.0.1"])
+    pushed = eventually(
+        lambda: (c := condition(cluster.get(POLICIES, "smollm2"), "ThresholdsPushed")).get("status") == "False" and c
+    )
+    assert pushed["reason"] == "PushPending"
+    found = policy(cluster)
+    assert found["status"]["pushed"] == "0/1"
+    assert found["status"]["sidecars"]["behind"][0]["reason"].startswith("unreachable")
+    assert status_of(cluster, "Ready") == "False"
+
+
+@pytest.mark.parametrize(
+    ("change", "words"),
+    [
+        ({"classes": [{"name": "a"}, {"name": "a"}]}, "unique"),
+        ({"concurrency": {"max": 2}, "classes": [{"name": "a", "reservedSlots": 2}, {"name": "b"}]}, "no slot"),
+        ({"slo": {"ttftSeconds": -1}}, "greater than 0"),
+    ],
+    ids=["repeated class name", "reserved slots leave none", "negative SLO"],
+)
+def test_a_spec_the_schema_let_through_is_invalid(
+    cluster: Cluster, operator: KopfRunner, change: dict[str, Any], words: str
+) -> None:
+    cluster.create(DEPLOYMENTS, llama_deployment())
+    cluster.create(POLICIES, admission_policy(**change))
+    invalid = eventually(
+        lambda: (c := condition(cluster.get(POLICIES, "smollm2"), "Invalid")).get("status") == "True" and c
+    )
+    assert invalid["reason"] == "InvalidSpec"
+    assert words in invalid["message"]
+    assert status_of(cluster, "Ready") == "False"
+    assert eventually(lambda: events(cluster, "InvalidSpec"))[0]["type"] == "Warning"
+    settle("smollm2")
+    assert job_names(cluster) == []
+    assert len(cluster.get(DEPLOYMENTS, "smollm2")["spec"]["template"]["spec"]["containers"]) == 1
+    # Fixed, it proceeds.
+    cluster.patch(POLICIES, "smollm2", {"spec": admission_policy()["spec"] | {"classes": None, "concurrency": None}})
+    eventually(lambda: job_names(cluster), what="a Job once the spec is valid")
+    assert status_of(cluster, "Invalid") == "False"
+
+
+def test_a_container_that_does_not_exist_is_invalid(cluster: Cluster, operator: KopfRunner) -> None:
+    cluster.create(DEPLOYMENTS, llama_deployment())
+    cluster.create(POLICIES, admission_policy(container="server"))
+    invalid = eventually(
+        lambda: (c := condition(cluster.get(POLICIES, "smollm2"), "Invalid")).get("status") == "True" and c
+    )
+    assert invalid["reason"] == "TargetUnusable"
+    assert "server" in invalid["message"]
+    settle("smollm2")
+    assert job_names(cluster) == []
+
+
+def test_api_conflicts_and_errors_are_retried(cluster: Cluster, operator: KopfRunner) -> None:
+    cluster.emulator.faults += [Fault("PATCH", "deployments", 409), Fault("POST", "jobs", 500, times=5)]
+    cluster.create(DEPLOYMENTS, llama_deployment())
+    cluster.create(POLICIES, admission_policy())
+    (job,) = eventually(lambda: job_names(cluster), what="a Job despite the errors")
+    eventually(lambda: len(cluster.get(DEPLOYMENTS, "smollm2")["spec"]["template"]["spec"]["containers"]) == 2)
+    assert all(f.times == 0 for f in cluster.emulator.faults)  # every fault was met
+    cluster.complete_job(job, compact_json(smollm2_profile()))
+    eventually(lambda: status_of(cluster, "Ready") == "True")
