@@ -195,9 +195,10 @@ def plots(
         ax.plot([p for p, _ in pts], [w for _, w in pts], marker="o", linestyle="none", color=COLORS[scenario],
                 label=f"{scenario}: mean time in system of completed")  # fmt: skip
     ax.set_xlabel("offered utilization ρ = λ / μ")
-    ax.set_ylabel("seconds (clients give up at 10 s: above ρ = 1 the measured mean is censored)")
+    ax.set_ylabel("seconds")
     ax.set_yscale("log")
-    ax.set_title("Latency vs utilization")
+    ax.set_title("Latency vs utilization (clients give up at 10 s: measured means above ρ = 1 are censored)",
+                 fontsize="small")  # fmt: skip
     ax.legend(fontsize="small")
     fig.tight_layout()
     fig.savefig(out_dir / "latency_vs_utilization.png", dpi=110)
