@@ -21,14 +21,16 @@ import datetime
 import itertools
 import json
 import os
+import random
 import socket
 import threading
 import time
 import urllib.error
 import urllib.request
 import uuid
+from collections import Counter
 from collections.abc import Callable, Coroutine, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -69,12 +71,61 @@ class Fault:
     times: int = 1
 
 
+@dataclass
+class RandomFaults:
+    """Answer a seeded random ``share`` of the resource calls of ``agents`` (User-Agent
+    prefixes: the operator's own client and kopf's) with one of ``statuses``. As a real API
+    server, a 409 only ever answers a write (a read drawn for 409 gets a 500); discovery is
+    spared, and watch streams unless ``watches`` (a broken watch delays kopf's events only)."""
+
+    share: float
+    seed: int
+    statuses: tuple[int, ...] = (500, 409)
+    agents: tuple[str, ...] = ("slogate-operator/", "kopf/")
+    watches: bool = False
+    blackout_after_create: str | None = None
+    """Once an object of this plural is created, fail every call of ``agents`` with 500 from
+    then on, as if the operator had died right after that create (until ``blackout`` is cleared)."""
+    blackout: bool = False
+    met: Counter[tuple[str, str, int]] = field(default_factory=Counter)
+    """(method, plural, status) of every call failed so far."""
+
+    def __post_init__(self) -> None:
+        self._rng = random.Random(self.seed)
+
+    def status_for(self, request: kmock.Request) -> int | None:
+        """The status to fail ``request`` with, or None to serve it."""
+        plural = request.resource.plural if request.resource is not None else None
+        if not plural or not request.headers.get("User-Agent", "").startswith(self.agents):
+            return None
+        if not self.watches and request.params.get("watch") in ("true", "1"):
+            return None
+        if self.blackout:
+            status = 500
+        elif self._rng.random() < self.share:
+            status = self._rng.choice(self.statuses)
+            if status == 409 and request.method.value == "GET":
+                status = 500
+        else:
+            return None
+        self.met[request.method.value, plural, status] += 1
+        return status
+
+    @property
+    def failed(self) -> int:
+        """How many calls were failed so far."""
+        return sum(self.met.values())
+
+
 @attrs.define(kw_only=True)
 class ClusterEmulator(kmock.KubernetesEmulator):
     """kmock's emulator with the object metadata a real API server maintains."""
 
     versions: Iterator[int] = attrs.field(factory=lambda: itertools.count(1))
     faults: list[Fault] = attrs.field(factory=list)
+    chaos: RandomFaults | None = None
+    created: list[tuple[str, str]] = attrs.field(factory=list)
+    """(plural, name) of every create the emulator served successfully, in order."""
 
     async def _handle(self, request: kmock.Request) -> aiohttp.web.StreamResponse:
         if request.resource is not None:
@@ -101,13 +152,22 @@ class ClusterEmulator(kmock.KubernetesEmulator):
                         data.append(
                             {"op": "add", "path": "/metadata/generation", "value": self._generation(request) + 1}
                         )
-        return await super()._handle(request)
+        response = await super()._handle(request)
+        if request.resource is not None and request.action == kmock.action.CREATE and response.status < 400:
+            name = str(((request.data or {}).get("metadata") or {}).get("name") or "")
+            self.created.append((request.resource.plural or "", name))
+            if self.chaos is not None and self.chaos.blackout_after_create == request.resource.plural:
+                self.chaos.blackout = True
+        return response
 
     def _inject_fault(self, request: kmock.Request) -> None:
         for fault in self.faults:
             if fault.times > 0 and request.method.value == fault.method and request.resource.plural == fault.plural:
                 fault.times -= 1
                 raise kmock.KubernetesError(status=fault.status, reason="InjectedFault", message="injected by the test")
+        status = self.chaos.status_for(request) if self.chaos is not None else None
+        if status is not None:
+            raise kmock.KubernetesError(status=status, reason="InjectedFault", message="injected at random by the test")
 
     def _touches_spec(self, request: kmock.Request) -> bool:
         if request.subresource == "status":
