@@ -323,14 +323,20 @@ async def spawned_baseline(kind: Kind, upstream: str, **params: Any) -> AsyncIte
             raise RuntimeError(f"baseline {kind} did not start (exit {await child.wait()})")
         yield line
     finally:
-        if child.returncode is None:
-            child.terminate()
-            try:
-                async with asyncio.timeout(10):
-                    await child.wait()
-            except TimeoutError:
-                child.kill()
-                await child.wait()
+        await stop_process(child)
+
+
+async def stop_process(child: asyncio.subprocess.Process, grace_s: float = 10.0) -> None:
+    """SIGTERM (a graceful shutdown may wait for held streams), SIGKILL after ``grace_s``."""
+    if child.returncode is not None:
+        return
+    child.terminate()
+    try:
+        async with asyncio.timeout(grace_s):
+            await child.wait()
+    except TimeoutError:
+        child.kill()
+        await child.wait()
 
 
 async def _serve_until_signalled(proxy: BaselineProxy, upstream: str, host: str, port: int) -> None:

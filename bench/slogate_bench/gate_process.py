@@ -18,6 +18,7 @@ from typing import Any
 import aiohttp
 
 from slogate_admission.schema import Thresholds
+from slogate_bench.baselines import stop_process
 from slogate_bench.overhead import free_port
 
 
@@ -64,14 +65,7 @@ async def spawned_gate(
         await _until_ready(gate, child, ready_timeout_s)
         yield gate
     finally:
-        if child.returncode is None:
-            child.terminate()
-            try:
-                async with asyncio.timeout(10):
-                    await child.wait()
-            except TimeoutError:
-                child.kill()
-                await child.wait()
+        await stop_process(child)
         log.close()
 
 
