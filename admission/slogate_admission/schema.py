@@ -245,7 +245,7 @@ class Thresholds(Model):
     prefill_quadratic_s: NonNegativeSeconds = 0.0
     prefill_tokens_per_second: Annotated[float, Field(gt=0, allow_inf_nan=False)]
     """Queue drain rate: the calibrated rate at the reference prompt length."""
-    decode_tokens_per_second: tuple[Annotated[float, Field(gt=0)], ...]
+    decode_tokens_per_second: Annotated[tuple[Annotated[float, Field(gt=0)], ...], Field(min_length=1)]
     """Per-stream tokens/s at B = 1..N (the f(B) curve)."""
     tpot_slo_seconds: PositiveSeconds | None = None
     concurrency_cap: Annotated[int, Field(ge=1)]
