@@ -11,8 +11,11 @@ import json
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from aiohttp import web
+
+from slogate_sidecar.requests import Route
 
 METRICS = """# TYPE llamacpp:prompt_tokens_total counter
 llamacpp:prompt_tokens_total {p}
@@ -94,6 +97,28 @@ class FakeUpstream:
         return response
 
 
+class LlamaLike(Protocol):
+    """What a fake llama-server answers: the sidecar's health poll, counters, token counting, generations."""
+
+    async def health(self, request: web.Request) -> web.StreamResponse: ...
+    async def metrics(self, request: web.Request) -> web.StreamResponse: ...
+    async def tokenize(self, request: web.Request) -> web.StreamResponse: ...
+    async def apply_template(self, request: web.Request) -> web.StreamResponse: ...
+    async def completion(self, request: web.Request) -> web.StreamResponse: ...
+
+
+def llama_app(upstream: LlamaLike) -> web.Application:
+    """llama-server's routes the sidecar calls, answered by ``upstream``."""
+    app = web.Application()
+    app.router.add_get("/health", upstream.health)
+    app.router.add_get("/metrics", upstream.metrics)
+    app.router.add_post("/tokenize", upstream.tokenize)
+    app.router.add_post("/apply-template", upstream.apply_template)
+    for route in Route:
+        app.router.add_post(route.value, upstream.completion)
+    return app
+
+
 @asynccontextmanager
 async def serve(app: web.Application) -> AsyncIterator[str]:
     """Serve ``app`` on a free loopback port (handlers cancelled on disconnect); yields its URL."""
@@ -112,15 +137,8 @@ async def serve(app: web.Application) -> AsyncIterator[str]:
 @asynccontextmanager
 async def fake_upstream() -> AsyncIterator[FakeUpstream]:
     fake = FakeUpstream()
-    app = web.Application()
-    app.router.add_get("/health", fake.health)
-    app.router.add_get("/metrics", fake.metrics)
-    app.router.add_post("/tokenize", fake.tokenize)
-    app.router.add_post("/apply-template", fake.apply_template)
-    for path in ("/completion", "/v1/chat/completions", "/v1/completions"):
-        app.router.add_post(path, fake.completion)
     try:
-        async with serve(app) as fake.url:
+        async with serve(llama_app(fake)) as fake.url:
             yield fake
     finally:
         fake.stall_forever.set()

@@ -25,7 +25,7 @@ import pytest
 from aiohttp import web
 
 from builders import smollm2_profile
-from fake_upstream import METRICS, serve
+from fake_upstream import METRICS, llama_app, serve
 from sidecar_harness import RunningSidecar, sidecar_in_front_of, thresholds_for
 from slogate_sidecar.requests import Route
 
@@ -108,19 +108,12 @@ def chunk(route: Route, text: str, *, final: bool) -> dict[str, Any]:
 @pytest.fixture
 async def storm_target(tmp_path: Path) -> AsyncIterator[tuple[RunningSidecar, RecordingUpstream]]:
     upstream = RecordingUpstream()
-    app = web.Application()
-    app.router.add_get("/health", upstream.health)
-    app.router.add_get("/metrics", upstream.metrics)
-    app.router.add_post("/tokenize", upstream.tokenize)
-    app.router.add_post("/apply-template", upstream.apply_template)
-    for route in Route:
-        app.router.add_post(route.value, upstream.completion)
     # Deferral on (waits up to 0.3 s) and a 16-stream cap (a 16-slot server): the storm meets
     # every stage of the gate, and many abandoned generations get as far as the upstream.
     profile = smollm2_profile(server={"slots": 16, "ctxPerSlot": 2048, "threads": 2},
                               kv={"bytesPerToken": 23040, "capacityTokens": 32768, "perRequestMaxTokens": 2048})  # fmt: skip
     thresholds = thresholds_for(profile, deferral={"maxWaitSeconds": 0.3})
-    async with serve(app) as url, sidecar_in_front_of(url, tmp_path, thresholds) as gate:
+    async with serve(llama_app(upstream)) as url, sidecar_in_front_of(url, tmp_path, thresholds) as gate:
         yield gate, upstream
 
 

@@ -31,7 +31,7 @@ from hypothesis import HealthCheck, settings
 from schemathesis.core.failures import FailureGroup
 
 from builders import smollm2_profile
-from fake_upstream import FakeUpstream, serve
+from fake_upstream import FakeUpstream, llama_app, serve
 from sidecar_harness import TOKEN, sidecar_in_front_of, thresholds_for
 from slogate_admission.schema import Thresholds
 from slogate_sidecar.app import admin_app, build_sidecar, proxy_app
@@ -62,18 +62,12 @@ class LiveSidecar:
 
 def upstream_app(fake: FakeUpstream) -> web.Application:
     """The fake llama-server, plus the /v1/models it answers for passthrough."""
-    app = web.Application()
-    app.router.add_get("/health", fake.health)
-    app.router.add_get("/metrics", fake.metrics)
-    app.router.add_post("/tokenize", fake.tokenize)
-    app.router.add_post("/apply-template", fake.apply_template)
+    app = llama_app(fake)
 
     async def models(_request: web.Request) -> web.Response:
         return web.json_response({"object": "list", "data": [{"id": "fake", "object": "model"}]})
 
     app.router.add_get("/v1/models", models)
-    for path in ("/completion", "/v1/chat/completions", "/v1/completions"):
-        app.router.add_post(path, fake.completion)
     return app
 
 
