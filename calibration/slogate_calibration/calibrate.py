@@ -66,6 +66,9 @@ class CalibrationSettings:
     """Stop (and write nothing) after this long."""
     force: bool = False
     """Measure even if the server is busy (the numbers will be pessimistic)."""
+    wait_s: float = 0.0
+    """First wait this long for GET /health to answer 200 (a server still loading its
+    model); not counted in the budget. 0: the server must be up already."""
     decode_repeats: int = 4
     seed: int = 0
 
@@ -93,6 +96,12 @@ class _Run:
 
 async def calibrate(settings: CalibrationSettings, progress: Progress | None = None) -> CalibrationProfile:
     """Measure the server; raise CalibrationError (or a subclass) with a clear message."""
+    if settings.wait_s > 0:
+        try:
+            async with LlamaClient(settings.upstream) as client:
+                await client.wait_healthy(settings.wait_s)
+        except UpstreamError as error:
+            raise CalibrationError(f"stage 'wait': {error}") from None
     run = _Run(settings, progress or Progress())
     try:
         async with asyncio.timeout(settings.budget_s):

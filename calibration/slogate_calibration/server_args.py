@@ -3,68 +3,55 @@
 /props reports slots and per-slot context but not threads, batch sizes or cache
 types, and those decide the measured speed. Whoever starts (or describes) the server
 hands its arguments over; the same settings feed the profile's fingerprint.
+
+The arguments are read as llama-server reads them (``server_flags.read_settings``, from
+the table generated from its ``--help``): every spelling of an option, ``_`` for ``-`` in
+long flags, switches and their negations, the last occurrence winning.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-# flag spellings -> setting name. Flags not listed do not change speed or capacity.
-VALUE_FLAGS: Mapping[str, str] = {
-    "-t": "threads",
+from slogate_calibration.server_flags import FlagTable, flag_table, read_settings
+
+SPEED_SETTINGS: Mapping[str, str] = {
     "--threads": "threads",
-    "-tb": "threads_batch",
     "--threads-batch": "threads_batch",
-    "-b": "batch_size",
     "--batch-size": "batch_size",
-    "-ub": "ubatch_size",
     "--ubatch-size": "ubatch_size",
-    "-c": "ctx_size",
     "--ctx-size": "ctx_size",
-    "-np": "parallel",
     "--parallel": "parallel",
-    "-ctk": "cache_type_k",
     "--cache-type-k": "cache_type_k",
-    "-ctv": "cache_type_v",
     "--cache-type-v": "cache_type_v",
-    "-fa": "flash_attn",
     "--flash-attn": "flash_attn",
-    "-ngl": "gpu_layers",
-    "--n-gpu-layers": "gpu_layers",
+    "--gpu-layers": "gpu_layers",
+    "--kv-unified": "kv_unified",
+    "--cont-batching": "cont_batching",
 }
-SWITCH_FLAGS: Mapping[str, tuple[str, str]] = {
-    "--kv-unified": ("kv_unified", "true"),
-    "-kvu": ("kv_unified", "true"),
-    "--no-kv-unified": ("kv_unified", "false"),
-    "--cont-batching": ("cont_batching", "true"),
-    "-cb": ("cont_batching", "true"),
-    "--no-cont-batching": ("cont_batching", "false"),
-    "-nocb": ("cont_batching", "false"),
-}
+"""llama-server option (its canonical flag) -> setting name. Other options do not change
+speed or capacity. The names and their values (a switch's "true"/"false") enter every
+profile's fingerprint: changing them invalidates every cached profile."""
 
 
-def speed_settings(args: Sequence[str]) -> dict[str, str]:
+def speed_settings(args: Sequence[str], table: FlagTable | None = None) -> dict[str, str]:
     """Map a llama-server argument list to the settings that matter, by name.
 
     Accepts ``--flag value`` and ``--flag=value``; the last occurrence wins, as in
-    llama-server itself. Unknown flags are ignored (they do not change speed).
+    llama-server itself. Flags that do not change speed are skipped with their values;
+    unknown ones are ignored. A flag without its value raises ValueError (llama-server
+    would not start).
     """
-    settings: dict[str, str] = {}
-    items = list(args)
-    i = 0
-    while i < len(items):
-        arg = items[i]
-        flag, eq, inline = arg.partition("=")
-        if flag in VALUE_FLAGS:
-            if eq:
-                settings[VALUE_FLAGS[flag]] = inline
-            elif i + 1 < len(items):
-                settings[VALUE_FLAGS[flag]] = items[i + 1]
-                i += 1
-            else:
-                raise ValueError(f"llama-server flag {flag} has no value")
-        elif arg in SWITCH_FLAGS:
-            name, value = SWITCH_FLAGS[arg]
-            settings[name] = value
-        i += 1
-    return settings
+    table = table or flag_table()
+    settings = read_settings({}, args, table)
+    if settings.missing_value:
+        flag = settings.missing_value[0]
+        found = table.lookup(flag)
+        count = f" (it takes {found[0].values})" if found is not None and found[0].values > 1 else ""
+        raise ValueError(f"llama-server flag {flag} has no value{count}: llama-server would not start with it")
+    speed: dict[str, str] = {}
+    for name, key in SPEED_SETTINGS.items():
+        value = settings.get(name)
+        if value is not None:
+            speed[key] = ("true" if value else "false") if isinstance(value, bool) else value
+    return speed

@@ -7,6 +7,7 @@ run by operators and by Kubernetes Jobs; a traceback helps neither.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Self
@@ -84,6 +85,30 @@ class LlamaClient:
             return await response.json(content_type=None)
         except ValueError:
             raise UpstreamError(f"upstream {path} did not answer JSON: is it llama-server?") from None
+
+    async def wait_healthy(self, timeout_s: float, *, poll_s: float = 0.5) -> None:
+        """Poll GET /health until it answers 200 (the model is loaded), or raise after ``timeout_s``.
+
+        A calibration Job starts llama-server beside the calibrator: on loopback, where no
+        kubelet probe can reach it, so the calibrator waits for it itself.
+        """
+        if self._session is None:
+            raise RuntimeError("LlamaClient used outside `async with`")
+        url = self.base_url + "/health"
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        last = "nothing listening"
+        while True:
+            try:
+                async with self._session.get(url, timeout=aiohttp.ClientTimeout(total=min(5.0, timeout_s))) as answer:
+                    if answer.status == 200:
+                        return
+                    last = f"/health answered {answer.status}"  # 503 while the model loads
+            except (aiohttp.ClientError, TimeoutError, OSError) as error:
+                last = f"unreachable: {error}"
+            if loop.time() + poll_s > deadline:
+                raise UpstreamError(f"{self.base_url} was not healthy within {timeout_s:g} s ({last})")
+            await asyncio.sleep(poll_s)
 
     async def props(self) -> ServerProps:
         """GET /props; an upstream without its llama-server fields is not llama-server."""

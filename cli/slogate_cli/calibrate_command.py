@@ -22,7 +22,7 @@ from slogate_calibration.calibrate import (
     calibrate,
 )
 from slogate_calibration.output import compact_json, full_json, write_atomic
-from slogate_cli.arguments import Subcommands, positive_float
+from slogate_cli.arguments import Subcommands, non_negative_float, positive_float
 from slogate_cli.progress_bar import progress_hooks
 
 EXIT_UPSTREAM = 2
@@ -42,6 +42,12 @@ def add_parser(subparsers: Subcommands) -> None:
         default="",
         help="the server's arguments as one string (threads, batch, cache types: not in /props)",
     )
+    parser.add_argument(
+        "--wait-seconds",
+        type=non_negative_float,
+        default=0.0,
+        help="first wait up to this long for the server's /health (a model still loading; not in the budget)",
+    )
     parser.add_argument("--force", action="store_true", help="measure even if the server is busy")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     parser.set_defaults(run=run)
@@ -55,6 +61,7 @@ def run(args: argparse.Namespace) -> int:
         server_args=tuple(shlex.split(args.server_args)),
         budget_s=args.budget_seconds,
         force=args.force,
+        wait_s=args.wait_seconds,
     )
     try:
         with progress_hooks(not args.no_progress) as hooks:
