@@ -1,11 +1,14 @@
-"""The operator's test plumbing in one place: a kmock cluster, the real kopf operator,
-and the controllers Kubernetes would run (Jobs, Deployments) played by the tests.
+"""The operator's test plumbing in one place: a cluster that behaves like kube-apiserver,
+the real kopf operator, and the controllers Kubernetes would run (Jobs, Deployments)
+played by the tests.
 
-- ``ClusterEmulator``: kmock 0.8 plus what kopf and the operator rely on and kmock
-  lacks: uid, creationTimestamp, resourceVersion (bumped on every write), generation
-  (bumped on spec changes), 422 for a failed JSON-patch ``test``, and injected faults.
+- ``ClusterEmulator`` (tests/kube_emulation.py): kmock 0.8 plus what a real API server
+  does and kmock lacks: object metadata, RBAC for the operator's agents, defaulting,
+  spec/status separation, label and field selectors, pod spec validation, no-op patches,
+  custom resource defaulting and pruning; and the probes a kubelet could never pass.
 - ``Cluster``: the emulator served from a background thread, with a small synchronous
-  client for test code and the controller players (``complete_job``, ``run_pods``...).
+  client for test code, the controller players (``complete_job``, ``run_pods``,
+  ``write_deployment_status``...) and the counts of the operator's API calls.
 - ``running_operator``: the real operator (``kopf run --standalone -A -m
   slogate_operator.handlers``) in kopf's KopfRunner thread, pointed at the cluster.
 - ``eventually``: poll a condition; the timeout is a guard against hangs, never an
@@ -17,33 +20,36 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
-import datetime
-import itertools
 import json
 import os
-import random
 import socket
 import threading
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 import uuid
 from collections import Counter
 from collections.abc import Callable, Coroutine, Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
-import aiohttp.web
-import attrs
-import jsonpatch
 import kmock
 import yaml
 from kopf.testing import KopfRunner
 
+from kube_emulation import RBAC_AGENTS, ClusterEmulator, Fault, RandomFaults, Refused, now
+from kube_rules import KubeletProblem, rbac_verb
 from slogate_operator import metrics, names
 from slogate_sidecar.app import build_sidecar, running
 from slogate_sidecar.settings import SidecarSettings
+
+__all__ = [  # what tests import from here, the emulator's names included
+    "CONFIGMAPS", "CRD", "DEPLOYMENTS", "EVENTS", "JOBS", "NS", "OPERATOR_AGENT", "PODS", "POLICIES", "RBAC_AGENTS",
+    "ROOT", "SCHEMA", "SECRETS", "ApiError", "Cluster", "ClusterEmulator", "Fault", "KubeletProblem", "RandomFaults",
+    "Refused", "SidecarFleet", "admission_policy", "condition", "eventually", "job_names", "llama_deployment",
+    "passes", "running_operator", "settle",
+]  # fmt: skip
 
 T = TypeVar("T")
 ROOT = Path(__file__).resolve().parent.parent
@@ -59,144 +65,8 @@ CONFIGMAPS = "/api/v1/namespaces/{ns}/configmaps"
 SECRETS = "/api/v1/namespaces/{ns}/secrets"
 EVENTS = "/api/v1/namespaces/{ns}/events"
 NS = "llm"
-
-
-@dataclass
-class Fault:
-    """Answer the next ``times`` requests of ``method`` on ``plural`` with ``status``."""
-
-    method: str
-    plural: str
-    status: int
-    times: int = 1
-
-
-@dataclass
-class RandomFaults:
-    """Answer a seeded random ``share`` of the resource calls of ``agents`` (User-Agent
-    prefixes: the operator's own client and kopf's) with one of ``statuses``. As a real API
-    server, a 409 only ever answers a write (a read drawn for 409 gets a 500); discovery is
-    spared, and watch streams unless ``watches`` (a broken watch delays kopf's events only)."""
-
-    share: float
-    seed: int
-    statuses: tuple[int, ...] = (500, 409)
-    agents: tuple[str, ...] = ("slogate-operator/", "kopf/")
-    watches: bool = False
-    blackout_after_create: str | None = None
-    """Once an object of this plural is created, fail every call of ``agents`` with 500 from
-    then on, as if the operator had died right after that create (until ``blackout`` is cleared)."""
-    blackout: bool = False
-    met: Counter[tuple[str, str, int]] = field(default_factory=Counter)
-    """(method, plural, status) of every call failed so far."""
-
-    def __post_init__(self) -> None:
-        self._rng = random.Random(self.seed)
-
-    def status_for(self, request: kmock.Request) -> int | None:
-        """The status to fail ``request`` with, or None to serve it."""
-        plural = request.resource.plural if request.resource is not None else None
-        if not plural or not request.headers.get("User-Agent", "").startswith(self.agents):
-            return None
-        if not self.watches and request.params.get("watch") in ("true", "1"):
-            return None
-        if self.blackout:
-            status = 500
-        elif self._rng.random() < self.share:
-            status = self._rng.choice(self.statuses)
-            if status == 409 and request.method.value == "GET":
-                status = 500
-        else:
-            return None
-        self.met[request.method.value, plural, status] += 1
-        return status
-
-    @property
-    def failed(self) -> int:
-        """How many calls were failed so far."""
-        return sum(self.met.values())
-
-
-@attrs.define(kw_only=True)
-class ClusterEmulator(kmock.KubernetesEmulator):
-    """kmock's emulator with the object metadata a real API server maintains."""
-
-    versions: Iterator[int] = attrs.field(factory=lambda: itertools.count(1))
-    faults: list[Fault] = attrs.field(factory=list)
-    chaos: RandomFaults | None = None
-    created: list[tuple[str, str]] = attrs.field(factory=list)
-    """(plural, name) of every create the emulator served successfully, in order."""
-
-    async def _handle(self, request: kmock.Request) -> aiohttp.web.StreamResponse:
-        if request.resource is not None:
-            self._inject_fault(request)
-            data = request.data
-            if request.action == kmock.action.CREATE and isinstance(data, dict):
-                meta = data.setdefault("metadata", {})
-                meta.setdefault("uid", str(uuid.uuid4()))
-                meta.setdefault("creationTimestamp", _now())
-                meta["resourceVersion"] = str(next(self.versions))
-                meta["generation"] = 1
-            elif request.action == kmock.action.UPDATE and request.name:
-                version = str(next(self.versions))
-                spec_changed = self._touches_spec(request)
-                if isinstance(data, dict):
-                    meta = data.setdefault("metadata", {})
-                    if isinstance(meta, dict):
-                        meta["resourceVersion"] = version
-                        if spec_changed:
-                            meta["generation"] = self._generation(request) + 1
-                elif isinstance(data, list):
-                    data.append({"op": "add", "path": "/metadata/resourceVersion", "value": version})
-                    if spec_changed:
-                        data.append(
-                            {"op": "add", "path": "/metadata/generation", "value": self._generation(request) + 1}
-                        )
-        response = await super()._handle(request)
-        if request.resource is not None and request.action == kmock.action.CREATE and response.status < 400:
-            name = str(((request.data or {}).get("metadata") or {}).get("name") or "")
-            self.created.append((request.resource.plural or "", name))
-            if self.chaos is not None and self.chaos.blackout_after_create == request.resource.plural:
-                self.chaos.blackout = True
-        return response
-
-    def _inject_fault(self, request: kmock.Request) -> None:
-        for fault in self.faults:
-            if fault.times > 0 and request.method.value == fault.method and request.resource.plural == fault.plural:
-                fault.times -= 1
-                raise kmock.KubernetesError(status=fault.status, reason="InjectedFault", message="injected by the test")
-        status = self.chaos.status_for(request) if self.chaos is not None else None
-        if status is not None:
-            raise kmock.KubernetesError(status=status, reason="InjectedFault", message="injected at random by the test")
-
-    def _touches_spec(self, request: kmock.Request) -> bool:
-        if request.subresource == "status":
-            return False
-        if isinstance(request.data, dict):
-            return "spec" in request.data
-        if isinstance(request.data, list):
-            return any(str(op.get("path", "")).startswith("/spec") for op in request.data)
-        return False
-
-    def _generation(self, request: kmock.Request) -> int:
-        try:
-            stored = self.objects[request.resource, request.namespace, request.name]
-        except KeyError:
-            return 0
-        if stored.deleted:
-            return 0
-        return int(stored.get("metadata", {}).get("generation", 1))
-
-    async def _render_error(self, exc: Exception) -> aiohttp.web.StreamResponse:
-        if isinstance(exc, jsonpatch.JsonPatchTestFailed):  # as kube-apiserver: 422
-            body = {"kind": "Status", "apiVersion": "v1", "code": 422, "status": "Failure",
-                    "reason": "Invalid", "message": str(exc)}  # fmt: skip
-            return aiohttp.web.json_response(body, status=422)
-        return await super()._render_error(exc)
-
-
-def _now() -> str:
-    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+OPERATOR_AGENT = "slogate-operator/"
+"""The User-Agent prefix of the operator's own API client (kopf's is "kopf/")."""
 
 
 class LoopThread:
@@ -219,36 +89,49 @@ class ApiError(RuntimeError):
     def __init__(self, status: int, body: str) -> None:
         super().__init__(f"{status}: {body[:300]}")
         self.status = status
+        self.body = body
 
 
 class Cluster:
-    """kmock in a background thread, and a synchronous client for the tests."""
+    """The emulated API server in a background thread, and a synchronous client for the tests.
+
+    Kubelet problems (probes no kubelet could pass) fail the test at ``close()`` unless the
+    test called ``allow_kubelet_problems()``; ``assert_kubelet_could_run()`` checks earlier.
+    """
 
     def __init__(self) -> None:
         self.loop = LoopThread()
         self.emulator, self._server = self.loop.run(self._start())
         self.url = str(self._server.url).rstrip("/")
+        self._kubelet_problems_allowed = False
 
     async def _start(self) -> tuple[ClusterEmulator, kmock.Server]:
         emulator = ClusterEmulator()
         await emulator.__aenter__()
         emulator.resources.load_bundled()
         crd = CRD["spec"]
-        emulator.resources[f"{crd['group']}/{crd['versions'][0]['name']}/{crd['names']['plural']}"] = kmock.ResourceInfo(
-            kind=crd["names"]["kind"], singular=crd["names"]["singular"], namespaced=True,
-            shortnames=set(crd["names"]["shortNames"]), subresources={"status"},
-            verbs={"get", "list", "watch", "create", "patch", "delete", "update"},
+        emulator.declare_custom(
+            f"{crd['group']}/{crd['versions'][0]['name']}/{crd['names']['plural']}",
+            kmock.ResourceInfo(
+                kind=crd["names"]["kind"], singular=crd["names"]["singular"], namespaced=True,
+                shortnames=set(crd["names"]["shortNames"]), subresources={"status"},
+                verbs={"get", "list", "watch", "create", "patch", "delete", "update"},
+            ),
+            SCHEMA,
         )  # fmt: skip
         for plural, kind, namespaced in (("clusterkopfpeerings", "ClusterKopfPeering", False),
                                          ("kopfpeerings", "KopfPeering", True)):  # fmt: skip
-            emulator.resources[f"kopf.dev/v1/{plural}"] = kmock.ResourceInfo(
-                kind=kind, namespaced=namespaced, verbs={"get", "list", "watch", "create", "patch"}
+            emulator.declare_custom(
+                f"kopf.dev/v1/{plural}",
+                kmock.ResourceInfo(kind=kind, namespaced=namespaced, verbs={"get", "list", "watch", "create", "patch"}),
             )
         server = kmock.Server(emulator)
         await server.__aenter__()
         return emulator, server
 
     def close(self) -> None:
+        """Stop the server; then fail if a kubelet could not have run what was stored."""
+
         async def stop() -> None:
             await self._server.__aexit__(None, None, None)
             await self.emulator.__aexit__(None, None, None)
@@ -256,14 +139,40 @@ class Cluster:
         with contextlib.suppress(Exception):
             self.loop.run(stop(), timeout=10)
         self.loop.stop()
+        if not self._kubelet_problems_allowed:
+            self.assert_kubelet_could_run()
+
+    # ------------------------------------------------------------------ what a kubelet would meet
+
+    @property
+    def kubelet_problems(self) -> list[KubeletProblem]:
+        """Probes of stored pod specs that no kubelet could pass, in the order first stored."""
+        return list(self.emulator.kubelet_problems)
+
+    def allow_kubelet_problems(self) -> None:
+        """This test stores pod specs no kubelet could run on purpose: ``close()`` lets them be."""
+        self._kubelet_problems_allowed = True
+
+    def assert_kubelet_could_run(self) -> None:
+        problems = self.kubelet_problems
+        if problems:
+            listed = "\n  ".join(str(p) for p in problems)
+            raise AssertionError(f"{len(problems)} probe(s) no kubelet could pass:\n  {listed}")
+
+    @property
+    def forbidden(self) -> list[Refused]:
+        """Requests of the operator's agents answered 403 (outside slogate_operator.rbac)."""
+        return list(self.emulator.forbidden)
 
     # ------------------------------------------------------------------ HTTP
 
-    def request(self, method: str, path: str, body: object = None, content_type: str = "application/json") -> Any:
+    def request(
+        self, method: str, path: str, body: object = None, content_type: str = "application/json", agent: str = ""
+    ) -> Any:
+        """One call; ``agent`` sets the User-Agent (e.g. to call as the operator, under its RBAC)."""
         data = json.dumps(body).encode() if body is not None else None
-        request = urllib.request.Request(
-            self.url + path, method=method, data=data, headers={"Content-Type": content_type}
-        )
+        headers = {"Content-Type": content_type} | ({"User-Agent": agent} if agent else {})
+        request = urllib.request.Request(self.url + path, method=method, data=data, headers=headers)
         try:
             with urllib.request.urlopen(request, timeout=30) as response:
                 return json.loads(response.read() or b"null")
@@ -279,8 +188,9 @@ class Cluster:
             raise
         return found
 
-    def list(self, collection: str, ns: str = NS) -> list[dict[str, Any]]:
-        return list(self.request("GET", collection.format(ns=ns)).get("items") or [])
+    def list(self, collection: str, ns: str = NS, labels: str = "") -> list[dict[str, Any]]:
+        query = f"?{urllib.parse.urlencode({'labelSelector': labels})}" if labels else ""
+        return list(self.request("GET", collection.format(ns=ns) + query).get("items") or [])
 
     def create(self, collection: str, body: dict[str, Any], ns: str = NS) -> dict[str, Any]:
         body.setdefault("metadata", {}).setdefault("namespace", ns)
@@ -290,6 +200,13 @@ class Cluster:
     def patch(self, collection: str, name: str, patch: dict[str, Any], ns: str = NS, sub: str = "") -> dict[str, Any]:
         path = f"{collection.format(ns=ns)}/{name}" + (f"/{sub}" if sub else "")
         patched: dict[str, Any] = self.request("PATCH", path, patch, "application/merge-patch+json")
+        return patched
+
+    def json_patch(
+        self, collection: str, name: str, ops: list[dict[str, Any]], ns: str = NS, sub: str = ""
+    ) -> dict[str, Any]:
+        path = f"{collection.format(ns=ns)}/{name}" + (f"/{sub}" if sub else "")
+        patched: dict[str, Any] = self.request("PATCH", path, ops, "application/json-patch+json")
         return patched
 
     def delete(self, collection: str, name: str, ns: str = NS) -> None:
@@ -314,38 +231,64 @@ class Cluster:
             if exclude_agent and r.headers.get("User-Agent", "").startswith(exclude_agent):
                 continue
             resource = r.resource.plural + (f"/{r.subresource}" if r.subresource else "")
-            method = r.method.value
-            if method == "GET":
-                verb = "get" if r.name else ("watch" if r.params.get("watch") in ("true", "1") else "list")
-            else:
-                verb = {"POST": "create", "PATCH": "patch", "DELETE": "delete", "PUT": "update"}.get(method, method)
-            found.add((r.resource.group or "", resource, verb))
+            found.add((r.resource.group or "", resource, rbac_verb(r.method.value, r.name, r.params)))
+        return found
+
+    def call_mark(self) -> int:
+        """A point in the request log, for ``api_calls(since=..., until=...)``."""
+        return len(self.emulator._requests)
+
+    def api_calls(
+        self, since: int = 0, until: int | None = None, agent: str = OPERATOR_AGENT
+    ) -> Counter[tuple[str, str]]:
+        """(verb, resource[/subresource]) of the API calls of ``agent`` (a User-Agent prefix;
+        the operator's own client by default, "kopf/" for kopf's) between two marks."""
+        found: Counter[tuple[str, str]] = Counter()
+        for r in list(self.emulator._requests)[since:until]:
+            if r.resource is None or r.resource.plural is None or not r.headers.get("User-Agent", "").startswith(agent):
+                continue
+            resource = r.resource.plural + (f"/{r.subresource}" if r.subresource else "")
+            found[rbac_verb(r.method.value, r.name, r.params), resource] += 1
         return found
 
     # ------------------------------------------------------------------ the Job controller, played
 
-    def job_pod(self, job_name: str, calibrator: dict[str, Any], phase: str, ns: str = NS) -> dict[str, Any]:
-        """Create the Job's pod with the calibrator container in the given terminated state."""
+    def _job_pod(self, job_name: str, ns: str) -> str:
+        """Create a pod of the Job as the Job controller does: the template, owned by the Job."""
         job = self.get(JOBS, job_name, ns)
         assert job is not None, f"no Job {job_name}"
-        uid = job["metadata"]["uid"]
         pod = {
             "apiVersion": "v1", "kind": "Pod",
             "metadata": {
                 "name": f"{job_name}-{uuid.uuid4().hex[:5]}",
-                "labels": dict(job["spec"]["template"]["metadata"]["labels"], **{
-                    "job-name": job_name, "batch.kubernetes.io/job-name": job_name, "controller-uid": uid,
-                }),
-                "ownerReferences": [{"apiVersion": "batch/v1", "kind": "Job", "name": job_name, "uid": uid,
-                                     "controller": True}],
+                "labels": dict(job["spec"]["template"]["metadata"]["labels"]),
+                "ownerReferences": [{"apiVersion": "batch/v1", "kind": "Job", "name": job_name,
+                                     "uid": job["metadata"]["uid"], "controller": True, "blockOwnerDeletion": True}],
             },
             "spec": job["spec"]["template"]["spec"],
-            "status": {"phase": phase, "containerStatuses": [
-                {"name": names.CALIBRATOR_CONTAINER, "ready": False, "restartCount": 0, "image": "slogate",
-                 "imageID": "", "state": {"terminated": calibrator}},
-            ]},
         }  # fmt: skip
-        return self.create(PODS, pod, ns)
+        return str(self.create(PODS, pod, ns)["metadata"]["name"])
+
+    def job_pod(self, job_name: str, calibrator: dict[str, Any], phase: str, ns: str = NS) -> dict[str, Any]:
+        """The Job's pod (as the Job controller), then its status with the calibrator container
+        in the given terminated state (as the kubelet)."""
+        name = self._job_pod(job_name, ns)
+        status = {"phase": phase, "containerStatuses": [
+            {"name": names.CALIBRATOR_CONTAINER, "ready": False, "restartCount": 0, "image": "slogate",
+             "imageID": "", "state": {"terminated": calibrator}},
+        ]}  # fmt: skip
+        return self.patch(PODS, name, {"status": status}, ns, sub="status")
+
+    def pending_job_pod(
+        self, job_name: str, reason: str = "Unschedulable", message: str = "", ns: str = NS
+    ) -> dict[str, Any]:
+        """The Job's pod, created and left Pending by the scheduler (PodScheduled False with
+        ``reason`` and ``message``, e.g. "0/3 nodes are available: 3 Insufficient cpu.")."""
+        name = self._job_pod(job_name, ns)
+        scheduled = {"type": "PodScheduled", "status": "False", "reason": reason, "message": message,
+                     "lastTransitionTime": now()}  # fmt: skip
+        status = {"phase": "Pending", "conditions": [scheduled]}
+        return self.patch(PODS, name, {"status": status}, ns, sub="status")
 
     def complete_job(self, job_name: str, message: str, ns: str = NS) -> None:
         """The calibrator exited 0 with ``message`` as its termination message; the Job completes."""
@@ -375,7 +318,7 @@ class Cluster:
         for index, ip in enumerate(ips):
             statuses = [
                 {"name": c["name"], "ready": False, "restartCount": 0, "image": c["image"], "imageID": "",
-                 "state": {"running": {"startedAt": _now()}}}
+                 "state": {"running": {"startedAt": now()}}}
                 for c in template["spec"]["containers"]
             ]  # fmt: skip
             pod = {
@@ -383,10 +326,47 @@ class Cluster:
                 "metadata": {"name": f"{deployment_name}-{index}-{uuid.uuid4().hex[:5]}",
                              "labels": dict(template["metadata"]["labels"])},
                 "spec": template["spec"],
-                "status": {"phase": "Running", "podIP": ip, "containerStatuses": statuses},
             }  # fmt: skip
-            made.append(self.create(PODS, pod, ns)["metadata"]["name"])
+            name = self.create(PODS, pod, ns)["metadata"]["name"]
+            status = {"phase": "Running", "podIP": ip, "podIPs": [{"ip": ip}], "containerStatuses": statuses}
+            self.patch(PODS, name, {"status": status}, ns, sub="status")
+            made.append(name)
         return made
+
+    def write_deployment_status(
+        self,
+        name: str,
+        *,
+        replicas: int | None = None,
+        ready_replicas: int | None = None,
+        observed_generation: int | None = None,
+        conditions: list[dict[str, Any]] | None = None,
+        ns: str = NS,
+    ) -> dict[str, Any]:
+        """The Deployment controller's status write, through /status (a status-only watch
+        event, no new generation). Defaults: the spec's replicas, all ready, the current
+        generation observed, Available and Progressing."""
+        deployment = self.get(DEPLOYMENTS, name, ns)
+        assert deployment is not None, f"no Deployment {name}"
+        replicas = int(deployment["spec"].get("replicas", 1)) if replicas is None else replicas
+        ready = replicas if ready_replicas is None else ready_replicas
+        stamp = now()
+        status: dict[str, Any] = {
+            "observedGeneration": deployment["metadata"]["generation"] if observed_generation is None
+            else observed_generation,
+            "replicas": replicas, "updatedReplicas": replicas, "readyReplicas": ready, "availableReplicas": ready,
+            "conditions": conditions if conditions is not None else [
+                {"type": "Available", "status": "True" if ready else "False", "reason": "MinimumReplicasAvailable",
+                 "message": "Deployment has minimum availability.", "lastUpdateTime": stamp, "lastTransitionTime": stamp},
+                {"type": "Progressing", "status": "True", "reason": "NewReplicaSetAvailable",
+                 "message": f'ReplicaSet "{name}" has successfully progressed.', "lastUpdateTime": stamp,
+                 "lastTransitionTime": stamp},
+            ],
+        }  # fmt: skip
+        if ready < replicas:
+            status["unavailableReplicas"] = replicas - ready
+        # A whole-status replacement, as the controller's UpdateStatus.
+        return self.json_patch(DEPLOYMENTS, name, [{"op": "add", "path": "/status", "value": status}], ns, sub="status")
 
 
 class SidecarFleet:
@@ -500,6 +480,7 @@ TEST_SETTINGS = {
     "METRICS_PORT": "0",
     "LIVENESS_PORT": "0",
     "IMAGE": "slogate:test",
+    "STARTUP_JITTER_SECONDS": "0",
 }
 
 
