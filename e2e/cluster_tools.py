@@ -3,6 +3,7 @@ metrics. Every failure says what ran, what came back, and where to look next."""
 
 from __future__ import annotations
 
+import base64
 import json
 import re
 import subprocess
@@ -74,6 +75,11 @@ class Kube:
     def json(self, *args: str, hint: str) -> dict[str, Any]:
         loaded: dict[str, Any] = json.loads(self(*args, "-o", "json", hint=hint))
         return loaded
+
+    def apply(self, namespace: str, documents: Sequence[Mapping[str, Any]], *, hint: str) -> str:
+        """`kubectl apply` of these objects (as one JSON List) in `namespace`."""
+        body = json.dumps({"apiVersion": "v1", "kind": "List", "items": list(documents)})
+        return self("-n", namespace, "apply", "-f", "-", hint=hint, input_text=body)
 
     def maybe_json(self, *args: str) -> dict[str, Any] | None:
         """The object, or None when kubectl cannot get it (not there yet)."""
@@ -190,6 +196,47 @@ def http(
         # No HTTP answer at all (refused, reset, a port-forward dropping the connection):
         # status 0, so the caller reports it with the others instead of dying mid-burst.
         return Reply(0, {}, f"{type(error).__name__}: {error}".encode())
+
+
+def header(reply: Reply, name: str) -> str | None:
+    """A reply's header, whatever the case the server wrote it in."""
+    wanted = name.lower()
+    return next((v for k, v in reply.headers.items() if k.lower() == wanted), None)
+
+
+IN_CLUSTER_HTTP = """\
+import base64, json, sys, urllib.error, urllib.request
+method, url, body, headers = sys.argv[1], sys.argv[2], sys.argv[3], json.loads(sys.argv[4])
+request = urllib.request.Request(url, data=body.encode() if body else None, method=method, headers=headers)
+try:
+    with urllib.request.urlopen(request, timeout=float(sys.argv[5])) as response:
+        status, got, data = response.status, dict(response.headers.items()), response.read()
+except urllib.error.HTTPError as error:
+    status, got, data = error.code, dict(error.headers.items()), error.read()
+except Exception as error:
+    status, got, data = 0, {}, f"{type(error).__name__}: {error}".encode()
+print(json.dumps({"status": status, "headers": got, "body": base64.b64encode(data).decode()}))
+"""
+"""One HTTP exchange from inside a pod (python -c), answered as one JSON line on stdout."""
+
+
+def in_cluster_command(
+    method: str, url: str, body: object | None = None, *, headers: Mapping[str, str] | None = None,
+    timeout_s: float = 120, python: str = "python",
+) -> list[str]:  # fmt: skip
+    """The command that makes `http`'s exchange from inside a pod (the slogate image has Python)."""
+    sent = {"Content-Type": "application/json", **(headers or {})}
+    data = json.dumps(body) if body is not None else ""
+    return [python, "-c", IN_CLUSTER_HTTP, method, url, data, json.dumps(sent), str(timeout_s)]
+
+
+def parse_in_cluster_reply(stdout: str) -> Reply:
+    """The Reply that IN_CLUSTER_HTTP printed (its last line)."""
+    lines = stdout.strip().splitlines()
+    if not lines:
+        raise CommandError("the in-cluster request printed nothing")
+    loaded = json.loads(lines[-1])
+    return Reply(int(loaded["status"]), dict(loaded["headers"]), base64.b64decode(loaded["body"]))
 
 
 def burst(

@@ -1,5 +1,7 @@
 """The kind suite's fixtures: a cluster, the images loaded into it, the chart installed,
-the SmolLM2 example deployed. Run with `make e2e` (docs/deploy.md, "End-to-end tests").
+the SmolLM2 example's workload running ungated (its Deployment, Service and NetworkPolicy),
+a client pod beside it, then the example's AdmissionPolicy. Run with `make e2e`
+(docs/deploy.md, "End-to-end tests").
 
 Environment:
   SLOGATE_E2E_CLUSTER        kind cluster name (default slogate-e2e)
@@ -26,6 +28,7 @@ from cluster_tools import CommandError, Kube, run, wait_until
 from preflight import missing_tools, skip_line
 from suite import (
     APP_NAMESPACE,
+    CLIENT_POD,
     CLUSTER,
     E2E,
     EXAMPLE,
@@ -34,6 +37,7 @@ from suite import (
     REPO,
     SLOGATE_IMAGE,
     Example,
+    apply_policy,
     seconds,
 )
 
@@ -80,6 +84,9 @@ def dump_diagnostics(kube: Kube) -> Path:
         "policies.yaml": ["get", "admissionpolicies", "-A", "-o", "yaml"],
         "describe-app-pods.txt": ["-n", APP_NAMESPACE, "describe", "pods"],
         "describe-jobs.txt": ["-n", APP_NAMESPACE, "describe", "jobs"],
+        # Where the Service's named targetPort resolved to (llama-server's port or the gate's).
+        "app-objects.yaml": ["-n", APP_NAMESPACE, "get", "deployments,services,endpointslices,networkpolicies",
+                             "-o", "yaml"],
         "operator.log": ["-n", RELEASE_NAMESPACE, "logs", "-l", "app.kubernetes.io/component=operator",
                          "--all-containers", "--prefix", "--tail=500"],
         "app-containers.log": ["-n", APP_NAMESPACE, "logs", "-l", "app.kubernetes.io/name=smollm2",
@@ -95,7 +102,8 @@ def dump_diagnostics(kube: Kube) -> Path:
 
 @pytest.fixture(scope="session")
 def example() -> Example:
-    return Example([d for d in yaml.safe_load_all(EXAMPLE.read_text()) if d])
+    """examples/smollm2.yaml, its NetworkPolicy admitting the operator of RELEASE_NAMESPACE."""
+    return Example([d for d in yaml.safe_load_all(EXAMPLE.read_text()) if d]).for_release(RELEASE_NAMESPACE)
 
 
 @pytest.fixture(scope="session")
@@ -181,12 +189,44 @@ def release(kube: Kube, images: list[str]) -> str:  # noqa: ARG001 (needs the im
 
 
 @pytest.fixture(scope="session")
-def deployed(kube: Kube, release: str, example: Example) -> Example:  # noqa: ARG001 (needs the chart)
-    """examples/smollm2.yaml applied in its own namespace; its Deployment available."""
+def workload(kube: Kube, release: str, example: Example) -> Example:  # noqa: ARG001 (needs the chart)
+    """The example without its policy, as it runs before slogate: the Deployment rolled out,
+    its Service and NetworkPolicy; and a client pod in the same namespace.
+
+    The NetworkPolicy is kept, as the example has it but for the operator's namespace
+    (Example.for_release). kind enforces NetworkPolicy since 0.24 (kube-network-policies in
+    its default CNI); older kind does not. Nothing here depends on which: the client pod
+    targets the Service (the port named `http`, admitted from everyone), the operator's
+    pushes come from the admitted release namespace, and `kubectl port-forward` reaches a
+    pod over its loopback, which no NetworkPolicy filters.
+    """
     if kube.maybe_json("get", "namespace", APP_NAMESPACE) is None:
         kube("create", "namespace", APP_NAMESPACE, hint="kubectl get namespaces")
-    kube("-n", APP_NAMESPACE, "apply", "-f", str(EXAMPLE),
-         hint="the CRD is installed by the chart (kubectl get crd admissionpolicies.slogate.dev)")  # fmt: skip
+    # A reused cluster may still hold the policy of an earlier run: its finalizer takes the
+    # gate out, so the suite starts from the ungated workload.
+    kube("-n", APP_NAMESPACE, "delete", "admissionpolicy", example.policy, "--ignore-not-found",
+         f"--timeout={int(seconds(300))}s", hint="the policy's finalizer: the operator's logs",
+         timeout_s=seconds(360))  # fmt: skip
+    kube.apply(APP_NAMESPACE, example.workload_documents, hint="kubectl apply -f examples/smollm2.yaml by hand")
+    kube("-n", APP_NAMESPACE, "rollout", "status", f"deployment/{example.deployment}",
+         f"--timeout={int(seconds(600))}s", timeout_s=seconds(660),
+         hint=f"kubectl -n {APP_NAMESPACE} describe pods -l {example.selector} (the model init container, "
+              f"llama-server's readinessProbe on /health)")  # fmt: skip
+    if kube.maybe_json("-n", APP_NAMESPACE, "get", "pod", CLIENT_POD) is None:
+        kube("-n", APP_NAMESPACE, "run", CLIENT_POD, f"--image={SLOGATE_IMAGE}", "--image-pull-policy=Never",
+             "--restart=Never", f"--labels=app.kubernetes.io/name={CLIENT_POD}",
+             "--command", "--", "python", "-c", "import time; time.sleep(86400)",
+             hint="the slogate image is loaded into kind by the images fixture")  # fmt: skip
+    kube("-n", APP_NAMESPACE, "wait", "--for=condition=Ready", f"pod/{CLIENT_POD}", f"--timeout={int(seconds(180))}s",
+         hint=f"kubectl -n {APP_NAMESPACE} describe pod {CLIENT_POD}", timeout_s=seconds(240))  # fmt: skip
+    return example
+
+
+@pytest.fixture(scope="session")
+def deployed(kube: Kube, workload: Example) -> Example:
+    """The example's AdmissionPolicy applied on top of the running workload, seen by the operator."""
+    example = workload
+    apply_policy(kube, example)
     wait_until(
         f"AdmissionPolicy {example.policy} seen by the operator (a status)",
         lambda: (kube.maybe_json("-n", APP_NAMESPACE, "get", "admissionpolicy", example.policy) or {}).get("status"),

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import copy
 import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from cluster_tools import Kube
 
 REPO = Path(__file__).resolve().parents[1]
 E2E = REPO / "e2e"
@@ -15,6 +18,13 @@ SCALE = float(os.environ.get("SLOGATE_E2E_TIMEOUT_SCALE", "1"))
 SLOGATE_IMAGE = "ghcr.io/slogate/slogate:e2e"
 RELEASE, RELEASE_NAMESPACE = "slogate", "slogate-system"
 APP_NAMESPACE = "llm"
+EXAMPLE_OPERATOR_NAMESPACE = "slogate-system"
+"""The namespace examples/smollm2.yaml's NetworkPolicy admits to the sidecars' admin port
+(the operator's threshold pushes); the suite installs the chart in RELEASE_NAMESPACE."""
+NAMESPACE_LABEL = "kubernetes.io/metadata.name"
+CLIENT_POD = "slogate-e2e-client"
+"""A pod of the app namespace that sends requests through the Service (kubectl exec)."""
+SIDECAR_PORT_DEFAULTS = {"port": 8081, "adminPort": 8082}
 
 
 def seconds(base: float) -> float:
@@ -65,3 +75,69 @@ class Example:
     def selector(self) -> str:
         labels = self.one("Deployment")["spec"]["selector"]["matchLabels"]
         return ",".join(f"{k}={v}" for k, v in labels.items())
+
+    @property
+    def llama_spec(self) -> dict[str, Any]:
+        (found,) = [c for c in self.pod_spec["containers"] if c["name"] == self.llama_container]
+        return dict(found)
+
+    @property
+    def service_port(self) -> int:
+        (port,) = self.one("Service")["spec"]["ports"]
+        return int(port["port"])
+
+    @property
+    def target_port(self) -> str:
+        """The Service's targetPort: a name (llama-server's port, the gate's once injected)."""
+        (port,) = self.one("Service")["spec"]["ports"]
+        target = port["targetPort"]
+        if not isinstance(target, str):
+            raise ValueError(f"the example's Service targets port {target!r} by number: it would bypass the gate")
+        return target
+
+    @property
+    def llama_port(self) -> int:
+        """The number of llama-server's port, the one named as the Service targets."""
+        (port,) = [p for p in self.llama_spec.get("ports") or () if p.get("name") == self.target_port]
+        return int(port["containerPort"])
+
+    def sidecar_port(self, key: str) -> int:
+        """The policy's spec.sidecar.port or .adminPort (the CRD's default when unset)."""
+        sidecar = self.one("AdmissionPolicy")["spec"].get("sidecar") or {}
+        return int(sidecar.get(key, SIDECAR_PORT_DEFAULTS[key]))
+
+    @property
+    def workload_documents(self) -> list[dict[str, Any]]:
+        """Everything but the AdmissionPolicy: the workload as it runs before slogate."""
+        return [d for d in self.documents if d["kind"] != "AdmissionPolicy"]
+
+    def for_release(self, release_namespace: str) -> Example:
+        """The example with its NetworkPolicy admitting the operator of `release_namespace`
+        to the admin port instead of EXAMPLE_OPERATOR_NAMESPACE's (as a user edits it).
+
+        A CNI that enforces NetworkPolicy (kind's kindnet does since kind 0.24) would
+        otherwise drop the operator's threshold pushes: the policy would never be Ready.
+        """
+        documents = copy.deepcopy(self.documents)
+        replaced = 0
+        for document in documents:
+            if document["kind"] != "NetworkPolicy":
+                continue
+            for rule in document["spec"].get("ingress") or ():
+                for peer in rule.get("from") or ():
+                    labels = (peer.get("namespaceSelector") or {}).get("matchLabels") or {}
+                    if labels.get(NAMESPACE_LABEL) == EXAMPLE_OPERATOR_NAMESPACE:
+                        labels[NAMESPACE_LABEL] = release_namespace
+                        replaced += 1
+        if replaced != 1:
+            raise ValueError(
+                f"examples/smollm2.yaml's NetworkPolicy should admit namespace {EXAMPLE_OPERATOR_NAMESPACE!r} (the "
+                f"operator's) exactly once to the admin port; found {replaced}: update e2e/suite.py"
+            )
+        return Example(documents)
+
+
+def apply_policy(kube: Kube, example: Example) -> None:
+    """The example's AdmissionPolicy (idempotent: applying it again changes nothing)."""
+    kube.apply(APP_NAMESPACE, [example.one("AdmissionPolicy")],
+               hint="the CRD is installed by the chart (kubectl get crd admissionpolicies.slogate.dev)")  # fmt: skip

@@ -1,36 +1,60 @@
-"""slogate on a real cluster, in the order a platform team meets it: install, apply a policy,
-calibration and Ready, overload shed with 429 + Retry-After and counted in the metrics, a
-rollout with a new thread count recalibrated into every sidecar, the policy deleted and the
-sidecar gone. Each step depends on the previous ones (conftest skips the rest after a
-failure and dumps the cluster's state)."""
+"""slogate on a real cluster, in the order a platform team meets it: a llama.cpp workload
+serving through its Service, the chart installed, a policy applied to it (the Service keeps
+answering, ungated, while the first calibration runs), calibration and Ready (the gate takes
+over the name the Service targets), overload shed with 429 + Retry-After and counted in the
+metrics, a rollout with a new thread count recalibrated into every sidecar, the policy
+deleted, the sidecar gone and the Service answering through llama-server again. Each step
+depends on the previous ones (conftest skips the rest after a failure and dumps the
+cluster's state).
+
+Requests "through the Service" go from a pod of the app namespace to the Service's DNS
+name: kube-proxy, the EndpointSlices its named targetPort resolved to and the
+NetworkPolicy decide where they land, as for any client. The gate is told apart from
+llama-server by the X-Slogate-Class header it puts on every answer it admits.
+"""
 
 from __future__ import annotations
 
 import json
 import random
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from cluster_tools import (
     Kube,
     Reply,
     burst,
     conditions_line,
+    header,
     http,
+    in_cluster_command,
     is_true,
     metric_sum,
+    parse_in_cluster_reply,
     port_forward,
     retry_after_seconds,
     wait_until,
 )
-from suite import APP_NAMESPACE, RELEASE_NAMESPACE, Example, seconds
+from suite import APP_NAMESPACE, CLIENT_POD, RELEASE_NAMESPACE, Example, apply_policy, seconds
 
+T = TypeVar("T")
 SIDECAR = "slogate-sidecar"
-ADMIN_PORT = 8082
+CLAIM = "slogate.dev/policy"
+"""The annotation on a claimed Deployment's metadata; the label on an injected pod template."""
+INJECTION_RECORD = "slogate.dev/injection"
+GATE_HEADER = "X-Slogate-Class"
+"""On every answer the gate admitted; llama-server never sends it."""
+COMPLETION = {"prompt": "The capital of France is", "n_predict": 8}
+PROBES = ("livenessProbe", "readinessProbe", "startupProbe")
 OPERATOR_LOGS = f"kubectl -n {RELEASE_NAMESPACE} logs -l app.kubernetes.io/component=operator"
 
 
 def policy_of(kube: Kube, example: Example) -> dict[str, Any] | None:
     return kube.maybe_json("-n", APP_NAMESPACE, "get", "admissionpolicy", example.policy)
+
+
+def deployment_of(kube: Kube, example: Example) -> dict[str, Any]:
+    return kube.json("-n", APP_NAMESPACE, "get", "deployment", example.deployment, hint="kubectl get deploy")
 
 
 def running_pods(kube: Kube, example: Example) -> list[dict[str, Any]]:
@@ -40,7 +64,14 @@ def running_pods(kube: Kube, example: Example) -> list[dict[str, Any]]:
 
 
 def container_names(pod: dict[str, Any]) -> list[str]:
+    """Of a pod or a pod template."""
     return [c["name"] for c in pod["spec"]["containers"]]
+
+
+def container(pod: dict[str, Any], name: str) -> dict[str, Any]:
+    """The container of that name in a pod or a pod template."""
+    (found,) = [c for c in pod["spec"]["containers"] if c["name"] == name]
+    return dict(found)
 
 
 def all_ready(pod: dict[str, Any]) -> bool:
@@ -50,7 +81,7 @@ def all_ready(pod: dict[str, Any]) -> bool:
 
 def rolled_out(kube: Kube, example: Example, *, with_sidecar: bool) -> list[dict[str, Any]] | None:
     """The pods, once the Deployment's rollout finished with (or without) the sidecar."""
-    deployment = kube.json("-n", APP_NAMESPACE, "get", "deployment", example.deployment, hint="kubectl get deploy")
+    deployment = deployment_of(kube, example)
     status, spec = deployment.get("status", {}), deployment["spec"]
     done = (
         status.get("observedGeneration", 0) >= deployment["metadata"]["generation"]
@@ -65,28 +96,158 @@ def rolled_out(kube: Kube, example: Example, *, with_sidecar: bool) -> list[dict
     return pods
 
 
-def sidecar_state(kube: Kube, pod: str) -> dict[str, Any]:
+# ------------------------------------------------------------------------------ the Service
+
+
+def through_service(kube: Kube, example: Example, method: str, path: str, body: object | None = None) -> Reply:
+    """One request to the Service's DNS name from the client pod in the app namespace."""
+    url = f"http://{example.service}.{APP_NAMESPACE}.svc:{example.service_port}{path}"
+    command = in_cluster_command(method, url, body, timeout_s=seconds(120))
+    out = kube("-n", APP_NAMESPACE, "exec", CLIENT_POD, "--", *command, timeout_s=seconds(180),
+               hint=f"kubectl -n {APP_NAMESPACE} get endpointslices -l kubernetes.io/service-name={example.service} "
+                    f"-o yaml; kubectl -n {APP_NAMESPACE} get networkpolicies")  # fmt: skip
+    return parse_in_cluster_reply(out)
+
+
+def served_by_llama_server(kube: Kube, example: Example, when: str) -> None:
+    """A completion through the Service answered 200 by llama-server itself, not by the gate."""
+    reply = through_service(kube, example, "POST", "/completion", COMPLETION)
+    assert reply.status == 200, (
+        f"{when}: the Service answered {reply.status} (0: no HTTP answer at all): {reply.body[:300]!r}. "
+        f"Look at: its EndpointSlices (the port its targetPort {example.target_port!r} resolved to)"
+    )
+    assert header(reply, GATE_HEADER) is None, f"{when}: the answer came through the gate: {reply.headers}"
+    assert "content" in reply.json(), f"{when}: not llama-server's /completion answer: {reply.body[:300]!r}"
+
+
+def served_by_the_gate(kube: Kube, example: Example, calibration: str) -> None:
+    """A completion through the Service admitted by the gate, and the gate's /readyz on that calibration."""
+    reply = through_service(kube, example, "POST", "/completion", COMPLETION)
+    assert reply.status == 200, f"the Service answered {reply.status}: {reply.body[:300]!r}"
+    assert header(reply, GATE_HEADER) is not None, (
+        f"the answer came from llama-server directly ({GATE_HEADER} missing): the Service bypasses the gate"
+    )
+    ready = through_service(kube, example, "GET", "/readyz")
+    assert ready.status == 200, f"/readyz through the Service answered {ready.status}: {ready.body[:300]!r}"
+    assert ready.json().get("calibrationId") == calibration, ready.json()
+
+
+def service_endpoints(kube: Kube, example: Example) -> dict[int, set[str]]:
+    """The Service's ready endpoints (pod names), by the container port its named targetPort resolved to."""
+    slices = kube.json("-n", APP_NAMESPACE, "get", "endpointslices", "-l",
+                       f"kubernetes.io/service-name={example.service}", hint="kubectl get endpointslices")  # fmt: skip
+    found: dict[int, set[str]] = {}
+    for piece in slices["items"]:
+        ready = {
+            str((e.get("targetRef") or {}).get("name"))
+            for e in piece.get("endpoints") or ()
+            if (e.get("conditions") or {}).get("ready") is not False  # unset means ready
+        }
+        for port in piece.get("ports") or ():
+            if ready and port.get("port") is not None:
+                found.setdefault(int(port["port"]), set()).update(ready)
+    return found
+
+
+def endpoints_on(kube: Kube, example: Example, port: int, pods: list[dict[str, Any]]) -> dict[int, set[str]] | None:
+    """The Service's ready endpoints once they are exactly these pods, on container port `port`."""
+    found = service_endpoints(kube, example)
+    return found if found == {port: {p["metadata"]["name"] for p in pods}} else None
+
+
+def wait_for_endpoints(kube: Kube, example: Example, port: int, pods: list[dict[str, Any]], what: str) -> None:
+    wait_until(
+        f"Service {example.service}'s endpoints: {what} (port {port}) on every pod",
+        lambda: endpoints_on(kube, example, port, pods),
+        timeout_s=seconds(120),
+        hint=f"kubectl -n {APP_NAMESPACE} get endpointslices -l kubernetes.io/service-name={example.service} -o yaml",
+        describe=lambda: f"ready endpoints by port: {service_endpoints(kube, example)}",
+    )
+
+
+class Availability:
+    """The Service's ready endpoints, counted at every poll of a wait: a rollout that adds or
+    removes the gate must never leave the Service without one."""
+
+    def __init__(self, kube: Kube, example: Example) -> None:
+        self.kube, self.example = kube, example
+        self.samples: list[int] = []
+
+    def sample(self) -> None:
+        self.samples.append(len(set().union(*service_endpoints(self.kube, self.example).values())))
+
+    def watching(self, probe: Callable[[], T | None]) -> Callable[[], T | None]:
+        def sampled() -> T | None:
+            self.sample()
+            return probe()
+
+        return sampled
+
+    def check(self, what: str) -> None:
+        assert self.samples, f"{what}: the Service's endpoints were never read"
+        assert min(self.samples) >= 1, (
+            f"{what}: the Service had no ready endpoint at {self.samples.count(0)} of {len(self.samples)} polls "
+            f"(ready endpoints per poll: {self.samples})"
+        )
+
+
+# ------------------------------------------------------------------------------ the port handover
+
+
+def probe_port(container_spec: dict[str, Any], probe: str) -> object:
+    return ((container_spec.get(probe) or {}).get("httpGet") or {}).get("port")
+
+
+def assert_llama_port_as_in_the_example(llama: dict[str, Any], example: Example, where: str) -> None:
+    """llama-server's port and probes as the example declares them: the name the Service targets is its own."""
+    ports = [(p.get("name"), p["containerPort"]) for p in llama.get("ports") or ()]
+    assert ports == [(p.get("name"), p["containerPort"]) for p in example.llama_spec["ports"]], f"{where}: {ports}"
+    for probe in PROBES:
+        assert probe_port(llama, probe) == probe_port(example.llama_spec, probe), f"{where}: {probe}"
+
+
+def assert_handed_over(pod: dict[str, Any], example: Example) -> None:
+    """The gate's client port carries the name the Service targets; llama-server's keeps its number only."""
+    name = pod["metadata"]["name"]
+    gate = [p for p in container(pod, SIDECAR).get("ports") or () if p["containerPort"] == example.sidecar_port("port")]
+    assert [p.get("name") for p in gate] == [example.target_port], f"{name}: the gate's client port is {gate}"
+    llama = container(pod, example.llama_container)
+    own = [p for p in llama.get("ports") or () if p["containerPort"] == example.llama_port]
+    assert own, f"{name}: llama-server's port {example.llama_port} is no longer declared"
+    assert all(not p.get("name") for p in own), f"{name}: llama-server's port kept its name: {own}"
+    for probe in PROBES:  # a probe that named the port names its number while the gate has the name
+        if probe_port(example.llama_spec, probe) == example.target_port:
+            assert probe_port(llama, probe) == example.llama_port, f"{name}: {probe} {llama.get(probe)}"
+
+
+# ------------------------------------------------------------------------------ the sidecars
+
+
+def sidecar_state(kube: Kube, example: Example, pod: str) -> dict[str, Any]:
     """GET /slogate/v1/state from one pod's sidecar admin port."""
     hint = f"kubectl -n {APP_NAMESPACE} logs {pod} -c {SIDECAR}"
-    with port_forward(kube, APP_NAMESPACE, f"pod/{pod}", ADMIN_PORT, hint=hint) as url:
+    with port_forward(kube, APP_NAMESPACE, f"pod/{pod}", example.sidecar_port("adminPort"), hint=hint) as url:
         reply = http("GET", url + "/slogate/v1/state", timeout_s=30)
     assert reply.status == 200, f"{pod}: state answered {reply.status}: {reply.body[:300]!r}. Look at: {hint}"
     state: dict[str, Any] = reply.json()
     return state
 
 
-def enforcing(kube: Kube, pod: str, calibration: str) -> dict[str, Any] | None:
+def enforcing(kube: Kube, example: Example, pod: str, calibration: str) -> dict[str, Any] | None:
     """The sidecar's state once it enforces that calibration."""
-    state = sidecar_state(kube, pod)
+    state = sidecar_state(kube, example, pod)
     return state if state["calibrationId"] == calibration else None
 
 
-def sidecar_metrics(kube: Kube, pod: str) -> str:
+def sidecar_metrics(kube: Kube, example: Example, pod: str) -> str:
     hint = f"kubectl -n {APP_NAMESPACE} logs {pod} -c {SIDECAR}"
-    with port_forward(kube, APP_NAMESPACE, f"pod/{pod}", ADMIN_PORT, hint=hint) as url:
+    with port_forward(kube, APP_NAMESPACE, f"pod/{pod}", example.sidecar_port("adminPort"), hint=hint) as url:
         reply = http("GET", url + "/metrics", timeout_s=30)
     assert reply.status == 200, f"{pod}: /metrics answered {reply.status}. Look at: {hint}"
     return reply.body.decode()
+
+
+# ------------------------------------------------------------------------------ the policy
 
 
 def ready_policy(kube: Kube, example: Example, *, other_than: str | None = None) -> dict[str, Any] | None:
@@ -103,6 +264,18 @@ def ready_policy(kube: Kube, example: Example, *, other_than: str | None = None)
     return policy
 
 
+def claimed_and_calibrating(kube: Kube, example: Example) -> dict[str, Any] | None:
+    """The policy once the operator claimed the Deployment and its first calibration is under way."""
+    annotations = deployment_of(kube, example)["metadata"].get("annotations") or {}
+    if annotations.get(CLAIM) != example.policy:
+        return None
+    policy = policy_of(kube, example)
+    status = (policy or {}).get("status") or {}
+    if policy is None or not (status.get("calibrating") or is_true(policy, "Calibrated")):
+        return None
+    return policy
+
+
 def describe_policy(kube: Kube, example: Example) -> str:
     policy = policy_of(kube, example)
     pushed = (policy or {}).get("status", {}).get("pushed")
@@ -113,11 +286,47 @@ class TestSlogateOnKind:
     calibration_id = ""
     refused_seen = 0
 
+    def test_the_service_answers_ungated_before_the_first_calibration(self, kube: Kube, workload: Example) -> None:
+        example = workload
+        pods = rolled_out(kube, example, with_sidecar=False)
+        assert pods, f"Deployment {example.deployment} is not rolled out without the sidecar"
+        wait_for_endpoints(kube, example, example.llama_port, pods, "llama-server's port")
+        served_by_llama_server(kube, example, "before the policy")
+
+        apply_policy(kube, example)
+        wait_until(
+            f"the operator claimed Deployment {example.deployment} and started the first calibration",
+            lambda: claimed_and_calibrating(kube, example),
+            timeout_s=seconds(300),
+            hint=f"kubectl -n {APP_NAMESPACE} get deployment {example.deployment} -o yaml (annotation {CLAIM}); "
+            f"kubectl -n {APP_NAMESPACE} get jobs; {OPERATOR_LOGS}",
+            describe=lambda: describe_policy(kube, example),
+        )
+        # Look first, then read the policy: still not Calibrated means all of it was seen
+        # before the first calibration. Claimed, the workload is not touched until then.
+        template = deployment_of(kube, example)["spec"]["template"]
+        assert SIDECAR not in container_names(template), "the gate was injected before thresholds existed"
+        assert CLAIM not in (template["metadata"].get("labels") or {})
+        assert_llama_port_as_in_the_example(container(template, example.llama_container), example, "the template")
+        pods = running_pods(kube, example)
+        assert pods
+        assert all(SIDECAR not in container_names(p) for p in pods)
+        served_by_llama_server(kube, example, "while the first calibration runs")
+        policy = policy_of(kube, example)
+        assert policy is not None
+        assert not is_true(policy, "Calibrated"), (
+            "the first calibration finished during this check, so it saw nothing of the time before it; "
+            "look at how long the calibration Job ran"
+        )
+        notes = policy.get("status", {}).get("notes") or []
+        assert any("ungated" in note for note in notes), f"status.notes should say it serves ungated: {notes}"
+
     def test_policy_calibrates_and_becomes_ready(self, kube: Kube, deployed: Example) -> None:
         example = deployed
+        availability = Availability(kube, example)
         policy = wait_until(
             f"AdmissionPolicy {example.policy} Calibrated and Ready, thresholds on {example.replicas} sidecars",
-            lambda: ready_policy(kube, example),
+            availability.watching(lambda: ready_policy(kube, example)),
             timeout_s=seconds(1200),
             hint=f"kubectl -n {APP_NAMESPACE} describe admpol {example.policy}; kubectl -n {APP_NAMESPACE} get "
             f"jobs,pods; the calibration Job's logs; {OPERATOR_LOGS}",
@@ -125,32 +334,41 @@ class TestSlogateOnKind:
         )
         pods = wait_until(
             f"Deployment {example.deployment} rolled out with the sidecar injected",
-            lambda: rolled_out(kube, example, with_sidecar=True),
+            availability.watching(lambda: rolled_out(kube, example, with_sidecar=True)),
             timeout_s=seconds(600),
             hint=f"kubectl -n {APP_NAMESPACE} describe pods -l {example.selector} (readiness of {SIDECAR}: /readyz "
             f"needs thresholds and llama-server healthy)",
         )
+        availability.check("injecting the gate")
         calibration = policy["status"]["calibration"]
         TestSlogateOnKind.calibration_id = calibration["id"]
+        assert (deployment_of(kube, example)["metadata"].get("annotations") or {}).get(CLAIM) == example.policy
         for pod in pods:
-            state = sidecar_state(kube, pod["metadata"]["name"])
+            state = sidecar_state(kube, example, pod["metadata"]["name"])
             assert state["calibrationId"] == calibration["id"], (
                 f"{pod['metadata']['name']} enforces {state['calibrationId']}, the policy says {calibration['id']}"
             )
             # The injected sidecar runs as restricted as the chart's own containers.
-            (sidecar,) = [c for c in pod["spec"]["containers"] if c["name"] == SIDECAR]
-            context = sidecar["securityContext"]
+            context = container(pod, SIDECAR)["securityContext"]
             assert context["readOnlyRootFilesystem"] is True
             assert context["allowPrivilegeEscalation"] is False
             assert context["capabilities"]["drop"] == ["ALL"]
+            assert_handed_over(pod, example)
         assert policy["status"]["thresholds"]["calibrationId"] == calibration["id"]
+        # The Service's named targetPort now resolves to the gate's port, on every pod.
+        wait_for_endpoints(kube, example, example.sidecar_port("port"), pods, "the gate's client port")
+        served_by_the_gate(kube, example, calibration["id"])
 
     def test_overload_through_the_service_is_shed_with_retry_after(self, kube: Kube, deployed: Example) -> None:
         example = deployed
         rng = random.Random(11)
         replies: list[Reply] = []
-        hint = f"kubectl -n {APP_NAMESPACE} get svc {example.service} -o yaml (targetPort must be the sidecar's)"
-        with port_forward(kube, APP_NAMESPACE, f"svc/{example.service}", 80, hint=hint) as url:
+        hint = (
+            f"kubectl -n {APP_NAMESPACE} get svc {example.service} -o yaml (targetPort must be the name "
+            f"{example.target_port!r}, which the gate's port carries while injected)"
+        )
+        # kubectl resolves the Service's named targetPort in one pod: the gate's port.
+        with port_forward(kube, APP_NAMESPACE, f"svc/{example.service}", example.service_port, hint=hint) as url:
             # The interactive class has the tightest budget (1 s). Each 120-token prompt fits it
             # alone (its own prefill is well under 1 s even at 200 tokens/s); 32 at once do not.
             for _ in range(5):
@@ -171,6 +389,7 @@ class TestSlogateOnKind:
         refused = [r for r in replies if r.status == 429]
         assert refused, f"no request was shed in {len(replies)}. Look at: the thresholds in the policy's status"
         assert any(r.status == 200 for r in replies), "the gate shed everything; it should still serve some"
+        assert all(header(r, GATE_HEADER) for r in replies if r.status == 200), "a 200 that bypassed the gate"
         for reply in refused:
             retry_after_seconds(reply)
             assert reply.json()["error"]["code"] == "slogate_rejected"
@@ -179,7 +398,7 @@ class TestSlogateOnKind:
     def test_shedding_is_counted_in_the_sidecars_metrics(self, kube: Kube, deployed: Example) -> None:
         rejected = timed_out = retry_afters = 0.0
         for pod in running_pods(kube, deployed):
-            text = sidecar_metrics(kube, pod["metadata"]["name"])
+            text = sidecar_metrics(kube, deployed, pod["metadata"]["name"])
             rejected += metric_sum(text, "slogate_requests_total", outcome="reject")
             timed_out += metric_sum(text, "slogate_deferral_outcomes_total", result="timed_out")
             retry_afters += metric_sum(text, "slogate_retry_after_seconds_count")
@@ -192,16 +411,16 @@ class TestSlogateOnKind:
         example = deployed
         old = TestSlogateOnKind.calibration_id
         assert old, "the first step recorded no calibration"
-        deployment = kube.json("-n", APP_NAMESPACE, "get", "deployment", example.deployment, hint="kubectl get deploy")
-        containers = deployment["spec"]["template"]["spec"]["containers"]
+        containers = deployment_of(kube, example)["spec"]["template"]["spec"]["containers"]
         index = next(i for i, c in enumerate(containers) if c["name"] == example.llama_container)
         args = with_threads(containers[index]["args"], threads=1)
         patch = [{"op": "replace", "path": f"/spec/template/spec/containers/{index}/args", "value": args}]
+        availability = Availability(kube, example)
         kube("-n", APP_NAMESPACE, "patch", "deployment", example.deployment, "--type=json", "-p", json.dumps(patch),
              hint="kubectl get deployment -o yaml")  # fmt: skip
         policy = wait_until(
             "a new calibration (the thread count changed) in force and acknowledged by every sidecar",
-            lambda: ready_policy(kube, example, other_than=old),
+            availability.watching(lambda: ready_policy(kube, example, other_than=old)),
             timeout_s=seconds(1200),
             hint=f"kubectl -n {APP_NAMESPACE} get jobs (a new calibration Job?); {OPERATOR_LOGS}",
             describe=lambda: describe_policy(kube, example),
@@ -209,17 +428,19 @@ class TestSlogateOnKind:
         new = policy["status"]["calibration"]["id"]
         pods = wait_until(
             "the rollout with the new thread count finished",
-            lambda: rolled_out(kube, example, with_sidecar=True),
+            availability.watching(lambda: rolled_out(kube, example, with_sidecar=True)),
             timeout_s=seconds(600),
             hint=f"kubectl -n {APP_NAMESPACE} rollout status deployment/{example.deployment}",
         )
+        availability.check("the rollout with the new thread count")
         for pod in pods:
-            (llama,) = [c for c in pod["spec"]["containers"] if c["name"] == example.llama_container]
+            llama = container(pod, example.llama_container)
             assert llama["args"] == args, f"{pod['metadata']['name']} still runs the old arguments"
+            assert_handed_over(pod, example)
             name = pod["metadata"]["name"]
             state = wait_until(
                 f"{name} enforcing calibration {new}",
-                lambda name=name: enforcing(kube, name, new),
+                lambda name=name: enforcing(kube, example, name, new),
                 timeout_s=seconds(120),
                 hint=f"{OPERATOR_LOGS} (pushes), kubectl -n {APP_NAMESPACE} logs {name} -c {SIDECAR}",
             )
@@ -227,20 +448,41 @@ class TestSlogateOnKind:
         job = policy["status"]["calibration"]["job"]
         assert kube.maybe_json("-n", APP_NAMESPACE, "get", "job", job) is not None, f"calibration Job {job} is gone"
 
-    def test_deleting_the_policy_removes_the_sidecar(self, kube: Kube, deployed: Example) -> None:
+    def test_deleting_the_policy_gives_the_service_back_to_llama_server(self, kube: Kube, deployed: Example) -> None:
         example = deployed
-        kube("-n", APP_NAMESPACE, "delete", "admissionpolicy", example.policy, f"--timeout={int(seconds(300))}s",
-             hint=f"the policy's finalizer: {OPERATOR_LOGS}", timeout_s=seconds(360))  # fmt: skip
+        availability = Availability(kube, example)
+        availability.sample()
+        # Not waiting in kubectl: the Service is watched while the finalizer takes the gate out.
+        kube("-n", APP_NAMESPACE, "delete", "admissionpolicy", example.policy, "--wait=false",
+             hint=f"kubectl -n {APP_NAMESPACE} get admpol {example.policy}")  # fmt: skip
+        wait_until(
+            f"AdmissionPolicy {example.policy} gone (its finalizer ran)",
+            availability.watching(lambda: policy_of(kube, example) is None),
+            timeout_s=seconds(300),
+            hint=f"the policy's finalizer: {OPERATOR_LOGS}",
+            describe=lambda: describe_policy(kube, example),
+        )
         pods = wait_until(
             f"Deployment {example.deployment} rolled out without the sidecar",
-            lambda: rolled_out(kube, example, with_sidecar=False),
+            availability.watching(lambda: rolled_out(kube, example, with_sidecar=False)),
             timeout_s=seconds(600),
             hint=f"kubectl -n {APP_NAMESPACE} get deployment {example.deployment} -o yaml; {OPERATOR_LOGS}",
         )
-        template = kube.json("-n", APP_NAMESPACE, "get", "deployment", example.deployment, hint="kubectl get deploy")
-        labels = template["spec"]["template"]["metadata"].get("labels", {})
-        assert "slogate.dev/policy" not in labels
-        assert all(SIDECAR not in container_names(p) for p in pods)
+        availability.check("removing the gate")
+        deployment = deployment_of(kube, example)
+        assert CLAIM not in (deployment["metadata"].get("annotations") or {}), "the claim outlived the policy"
+        template = deployment["spec"]["template"]
+        assert CLAIM not in (template["metadata"].get("labels") or {})
+        assert INJECTION_RECORD not in (template["metadata"].get("annotations") or {})
+        # The name went back to llama-server's port (and its probes).
+        assert_llama_port_as_in_the_example(container(template, example.llama_container), example, "the template")
+        for pod in pods:
+            assert SIDECAR not in container_names(pod)
+            llama = container(pod, example.llama_container)
+            assert_llama_port_as_in_the_example(llama, example, pod["metadata"]["name"])
+        # No outage: the Service's named targetPort resolves to llama-server again, which answers.
+        wait_for_endpoints(kube, example, example.llama_port, pods, "llama-server's port")
+        served_by_llama_server(kube, example, "after the policy was deleted")
         assert policy_of(kube, example) is None
 
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import base64
 import copy
-import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -31,11 +30,18 @@ RESTRICTED_SECURITY = {
     "seccompProfile": {"type": "RuntimeDefault"},
 }
 COPIED_POD_FIELDS = (
-    "nodeSelector", "affinity", "tolerations", "imagePullSecrets", "securityContext",
+    "nodeSelector", "tolerations", "imagePullSecrets", "securityContext",
     "runtimeClassName", "priorityClassName", "serviceAccountName",
 )  # fmt: skip
 """Pod fields a calibration Job copies from the target: same hardware, same pull rights."""
 PROBES = ("livenessProbe", "readinessProbe", "startupProbe")
+
+
+def mounted_volumes(pod_spec: Mapping[str, Any], containers: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """The pod's volumes that ``containers`` mount, each once, in mount order."""
+    by_name = {v["name"]: v for v in pod_spec.get("volumes") or ()}
+    wanted = [m["name"] for c in containers for m in c.get("volumeMounts") or ()]
+    return [copy.deepcopy(dict(by_name[n])) for n in dict.fromkeys(wanted) if n in by_name]
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,10 +92,14 @@ def calibration_job(request: CalibrationRequest) -> dict[str, Any]:
 
     One pod: the target's llama.cpp container, copied, as a native sidecar (an init
     container with restartPolicy Always, started first and stopped when the main
-    container exits) behind a startup probe on /health, so the calibrator starts only
-    once the model is loaded; and `slogate calibrate` as the main container, writing
-    the compact profile to its termination message. Both mount the model volumes at
-    the same paths (read-only for the calibrator: it reads the GGUF header).
+    container exits), and `slogate calibrate` as the main container, writing the
+    compact profile to its termination message. Both mount the model volumes at the
+    same paths (read-only for the calibrator: it reads the GGUF header).
+
+    The server copy gets no probe: the kubelet probes the pod IP, and a llama-server on
+    ``--host 127.0.0.1`` (so the gate cannot be bypassed) would never pass one. The
+    calibrator waits for /health on loopback itself (``--wait-seconds``: what the Job's
+    deadline leaves after the measurement budget).
     """
     llama = request.llama
     port = llama.port()
@@ -100,11 +110,6 @@ def calibration_job(request: CalibrationRequest) -> dict[str, Any]:
     }
     server = {key: copy.deepcopy(value) for key, value in llama.container.items() if key not in PROBES}
     server["restartPolicy"] = "Always"
-    server["startupProbe"] = {
-        "httpGet": {"path": "/health", "port": port},
-        "periodSeconds": 2,
-        "failureThreshold": max(1, math.ceil(request.timeout_seconds / 2)),
-    }
     if not llama.has_metrics():
         # Calibration reads /metrics (is the server idle?); the variable works whatever
         # the command form, and metrics do not change speed (not in the fingerprint).
@@ -115,6 +120,7 @@ def calibration_job(request: CalibrationRequest) -> dict[str, Any]:
         "--server-args", shell_join(llama.server_args()),
         "--termination-message-path", "/dev/termination-log",
         "--budget-seconds", f"{request.budget_seconds:g}",
+        "--wait-seconds", f"{max(1.0, request.timeout_seconds - request.budget_seconds):g}",
         "--no-progress",
     ]  # fmt: skip
     model = llama.model_path()
@@ -135,17 +141,26 @@ def calibration_job(request: CalibrationRequest) -> dict[str, Any]:
         "resources": copy.deepcopy(CALIBRATOR_RESOURCES),
         "securityContext": copy.deepcopy(RESTRICTED_SECURITY),
     }
+    init_containers = [*llama.feeding_init_containers(), server]
     pod_spec: dict[str, Any] = {
         "restartPolicy": "Never",
         "automountServiceAccountToken": False,
         "enableServiceLinks": False,
-        "initContainers": [*llama.feeding_init_containers(), server],
+        "initContainers": init_containers,
         "containers": [calibrator],
+        # Every volume a copied container mounts (a feeding init container's HF-token
+        # Secret too): the API server refuses a mount of an undeclared volume (422).
+        "volumes": [*mounted_volumes(llama.pod_spec, init_containers), copy.deepcopy(TMP_VOLUME)],
     }
-    pod_spec["volumes"] = [*llama.mounted_volumes(), copy.deepcopy(TMP_VOLUME)]
     for field in COPIED_POD_FIELDS:
         if field in llama.pod_spec:
             pod_spec[field] = copy.deepcopy(llama.pod_spec[field])
+    node_affinity = (llama.pod_spec.get("affinity") or {}).get("nodeAffinity")
+    if node_affinity:
+        # Same hardware: node affinity only. The app's pod (anti-)affinity names the app's
+        # own pods; the Job pod is not one of them, and copied whole it can keep the Job
+        # off every node that runs one (unschedulable on a small cluster).
+        pod_spec["affinity"] = {"nodeAffinity": copy.deepcopy(node_affinity)}
     return {
         "apiVersion": "batch/v1",
         "kind": "Job",

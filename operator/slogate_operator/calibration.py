@@ -34,6 +34,8 @@ class FailureReason(StrEnum):
     FAILED = "CalibrationFailed"
     TIMED_OUT = "CalibrationTimedOut"
     INVALID_RESULT = "CalibrationResultInvalid"
+    REJECTED = "CalibrationJobRejected"
+    """The API server refused to create the Job (422 Invalid, 403 Forbidden, a quota...)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,6 +46,9 @@ class JobOutcome:
     profile: CalibrationProfile | None = None
     reason: FailureReason | None = None
     message: str = ""
+    waiting: tuple[str, str] | None = None
+    """While running: (reason, message) of what holds its pod back (Unschedulable,
+    ImagePullBackOff...), so a Pending Job says why instead of timing out in silence."""
 
 
 def parse_time(text: object) -> datetime | None:
@@ -119,7 +124,29 @@ def job_outcome(
             JobState.FAILED, reason=FailureReason.TIMED_OUT,
             message=f"Job {job['metadata']['name']} has not finished {deadline.total_seconds():g} s after its creation",
         )  # fmt: skip
-    return JobOutcome(JobState.RUNNING)
+    return JobOutcome(JobState.RUNNING, waiting=pod_waiting(job_pods(job, pods)))
+
+
+STUCK_CONTAINER_REASONS = frozenset({
+    "ErrImagePull", "ImagePullBackOff", "InvalidImageName", "CreateContainerConfigError",
+    "CreateContainerError", "CrashLoopBackOff", "RunContainerError",
+})  # fmt: skip
+"""Container waiting reasons that will not clear by themselves (``ContainerCreating`` will)."""
+
+
+def pod_waiting(pods: Sequence[Mapping[str, Any]]) -> tuple[str, str] | None:
+    """Why the first held-back pod of a Job is not running: unschedulable, or a stuck container."""
+    for pod in pods:
+        status = pod.get("status") or {}
+        for condition in status.get("conditions") or ():
+            if condition.get("type") == "PodScheduled" and condition.get("status") == "False":
+                return str(condition.get("reason") or "Unschedulable"), str(condition.get("message") or "")
+        for container in [*(status.get("initContainerStatuses") or ()), *(status.get("containerStatuses") or ())]:
+            waiting = (container.get("state") or {}).get("waiting") or {}
+            if waiting.get("reason") in STUCK_CONTAINER_REASONS:
+                detail = f"container {container.get('name')}: {waiting.get('message') or waiting['reason']}"
+                return str(waiting["reason"]), detail
+    return None
 
 
 def _read_profile(message: str) -> JobOutcome:

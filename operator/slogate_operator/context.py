@@ -6,15 +6,16 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from typing import Any
 
 import aiohttp
 
 from slogate_operator import builders
 from slogate_operator.client import EVENTS, ApiError, KubeClient
-from slogate_operator.push import PushSettings
+from slogate_operator.push import PushSettings, PushTracker
 from slogate_operator.settings import OperatorSettings
 
 log = logging.getLogger("slogate.operator")
@@ -34,6 +35,11 @@ class Runtime:
     clock: Callable[[], datetime] = utc_now
     instance: str = field(default_factory=socket.gethostname)
     wakeups: dict[tuple[str, str], asyncio.Event] = field(default_factory=dict)
+    interests: dict[tuple[str, str], Callable[[Mapping[str, Any]], bool]] = field(default_factory=dict)
+    """Per policy: whether a Deployment concerns it (named, selected, or claimed by it)."""
+    seen: dict[str, tuple[object, ...]] = field(default_factory=dict)
+    """Per Deployment uid: what of it can concern a policy, as last seen (status writes cannot)."""
+    trackers: dict[tuple[str, str], PushTracker] = field(default_factory=dict)
 
     @property
     def push_settings(self) -> PushSettings:
@@ -50,6 +56,44 @@ class Runtime:
         """Run the named policy's next pass now (or every policy of the namespace)."""
         for (ns, policy), event in self.wakeups.items():
             if ns == namespace and (name is None or policy == name):
+                event.set()
+
+    def push_tracker(self, namespace: str, name: str) -> PushTracker:
+        """The policy's pushes, kept between passes."""
+        return self.trackers.setdefault((namespace, name), PushTracker())
+
+    def forget(self, namespace: str, name: str) -> None:
+        """A policy's loop ended: drop what was kept for it."""
+        self.wakeups.pop((namespace, name), None)
+        self.interests.pop((namespace, name), None)
+        tracker = self.trackers.pop((namespace, name), None)
+        if tracker is not None:
+            tracker.cancel()
+
+    def deployment_changed(self, kind: str | None, deployment: Mapping[str, Any]) -> None:
+        """Wake the policies a Deployment event concerns; ignore status-only writes.
+
+        The Deployment controller writes status every few seconds during a rollout; only
+        a new generation (spec), labels, annotations (the claim) or deletion can change
+        what a policy does.
+        """
+        meta = deployment.get("metadata") or {}
+        namespace, uid = str(meta.get("namespace") or ""), str(meta.get("uid") or meta.get("name"))
+        if kind == "DELETED":
+            self.seen.pop(uid, None)
+        else:
+            relevant = (
+                meta.get("generation"),
+                tuple(sorted((meta.get("labels") or {}).items())),
+                tuple(sorted((meta.get("annotations") or {}).items())),
+                meta.get("deletionTimestamp"),
+            )
+            if self.seen.get(uid) == relevant:
+                return
+            self.seen[uid] = relevant
+        for (ns, policy), concerns in list(self.interests.items()):
+            event = self.wakeups.get((ns, policy))
+            if ns == namespace and event is not None and concerns(deployment):
                 event.set()
 
     def poke_label(self, namespace: str, label: str) -> None:

@@ -1,12 +1,14 @@
 """The llama.cpp container of a pod template: what it runs, and its fingerprint.
 
 A calibration describes one model + quantization + server settings + CPU. All of that
-is visible in the container spec: the image (the llama.cpp build), command and args
-(model path, threads, slots, context, batch, cache types), the ``LLAMA_ARG_*`` and
-threading environment, the volumes holding the model (and the init containers that
-fill them), and the CPU requests and limits. A change to any of these is a new model,
-quantization or speed and triggers calibration; a change elsewhere (a label, the
-replica count, another container) does not.
+is visible in the container spec: the image (the llama.cpp build), llama-server's
+settings (model path, threads, slots, context, batch, cache types: flags and
+``LLAMA_ARG_*`` variables, read as llama-server reads them, see
+``slogate_calibration.server_flags``), the threading environment, the volumes holding
+the model (and the init containers that fill them), and the CPU requests and limits.
+A change to any of these is a new model, quantization or speed and triggers
+calibration; a change elsewhere (a label, the replica count, another container, the
+port, a flag's spelling or order) does not.
 """
 
 from __future__ import annotations
@@ -14,44 +16,82 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
 from typing import Any
 
-from slogate_operator.names import SIDECAR_CONTAINER
+from slogate_calibration.server_flags import ServerSettings, env_flags, flag_table, read_settings
+from slogate_operator.names import ANNOTATION_RECALIBRATE, SIDECAR_CONTAINER
 
 RELEVANT_ENV_PREFIXES = ("LLAMA_", "GGML_", "OMP_", "GOMP_", "KMP_", "MKL_", "OPENBLAS_")
 """Environment that changes what llama-server loads or how fast it runs."""
 SHELLS = frozenset({"sh", "bash", "ash", "dash", "zsh"})
+DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8080
 
-# llama-server reads these variables when the matching flag is absent.
-ENV_FLAGS: Mapping[str, str] = {
-    "LLAMA_ARG_MODEL": "--model",
-    "LLAMA_ARG_PORT": "--port",
-    "LLAMA_ARG_THREADS": "--threads",
-    "LLAMA_ARG_THREADS_BATCH": "--threads-batch",
-    "LLAMA_ARG_BATCH": "--batch-size",
-    "LLAMA_ARG_UBATCH": "--ubatch-size",
-    "LLAMA_ARG_CTX_SIZE": "--ctx-size",
-    "LLAMA_ARG_N_PARALLEL": "--parallel",
-    "LLAMA_ARG_CACHE_TYPE_K": "--cache-type-k",
-    "LLAMA_ARG_CACHE_TYPE_V": "--cache-type-v",
-    "LLAMA_ARG_FLASH_ATTN": "--flash-attn",
-    "LLAMA_ARG_N_GPU_LAYERS": "--n-gpu-layers",
-}
-ENV_SWITCHES: Mapping[str, tuple[str, str]] = {
-    "LLAMA_ARG_ENDPOINT_METRICS": ("--metrics", ""),
-    "LLAMA_ARG_KV_UNIFIED": ("--kv-unified", "--no-kv-unified"),
-    "LLAMA_ARG_CONT_BATCHING": ("--cont-batching", "--no-cont-batching"),
-}
-_TRUE = frozenset({"1", "true", "yes", "on", "enabled"})
+# llama-server settings that cannot change the model, its quantization or its speed:
+# where and how it listens, which endpoints and UI it serves, who may call it, its
+# connection timeouts, the names it gives the model, its logging, and the token it
+# downloads with. They stay out of the fingerprint, so changing them recalibrates
+# nothing. Everything else stays in, known or not: a needless recalibration (1-2
+# minutes) is cheaper than a stale profile.
+NOT_FINGERPRINTED = frozenset({
+    "--host", "--port", "--reuse-port", "--path", "--api-prefix",  # listening
+    "--metrics", "--props", "--slots", "--ui", "--ui-config", "--ui-config-file", "--ui-mcp-proxy",  # endpoints
+    "--api-key", "--api-key-file", "--ssl-key-file", "--ssl-cert-file",  # authentication and TLS
+    "--cors-origins", "--cors-methods", "--cors-headers", "--cors-credentials",  # CORS
+    "--timeout", "--sse-ping-interval",  # connection timeouts
+    "--alias", "--tags",  # the model's names in the API
+    "--log-disable", "--log-file", "--log-jsonl", "--log-colors", "--verbose", "--verbosity",
+    "--log-prefix", "--log-timestamps",  # logging
+    "--hf-token",  # a credential; --hf-repo and --hf-file name the model
+})  # fmt: skip
+
+# $(VAR) in command, args and env values is expanded by Kubernetes; $$ is a literal $.
+_REFERENCE = re.compile(r"\$\$|\$\(([-._a-zA-Z][-._a-zA-Z0-9]*)\)")
 
 
 class ContainerNotFoundError(ValueError):
     """The pod template has no container of that name (or none at all)."""
+
+
+def expand(text: str, env: Mapping[str, str]) -> str:
+    """Kubernetes' ``$(VAR)`` expansion; references it cannot resolve stay as written."""
+    return _REFERENCE.sub(lambda m: "$" if m.group(0) == "$$" else env.get(m.group(1), m.group(0)), text)
+
+
+def _describe(value_from: Mapping[str, Any]) -> str:
+    kind = next(iter(value_from), "valueFrom")
+    ref = value_from.get(kind)
+    detail = ", ".join(f"{k}={v}" for k, v in sorted(ref.items())) if isinstance(ref, Mapping) else ""
+    return f"{kind} ({detail})" if detail else kind
+
+
+_FORCE = f" (the {ANNOTATION_RECALIBRATE} annotation on the policy forces one)"
+_ASSUMED = {
+    "--port": f"port {DEFAULT_PORT} is assumed",
+    "--host": f"host {DEFAULT_HOST} is assumed",
+    "--metrics": "/metrics is assumed off",
+}
+
+
+def _unreadable_note(variable: str, source: Mapping[str, Any], name: str | None) -> list[str]:
+    """The note for a llama-server variable set by valueFrom (none if it cannot matter)."""
+    what = f"{variable} comes from {_describe(source)}, which the operator cannot read"
+    if name in _ASSUMED:
+        return [f"{what}: {_ASSUMED[name]}"]
+    if name in NOT_FINGERPRINTED:
+        return []
+    if "cpu" in str((source.get("resourceFieldRef") or {}).get("resource", "")):
+        return [f"{what}: it follows the CPU requests and limits, which are fingerprinted"]
+    if name == "--model":
+        return [f"{what}: calibration asks llama-server for the model file, and changes do not trigger "
+                f"calibration{_FORCE}"]  # fmt: skip
+    return [f"{what}: llama-server's default for {name or variable} is assumed, and changes do not trigger "
+            f"calibration{_FORCE}"]  # fmt: skip
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,26 +105,48 @@ class LlamaContainer:
     def name(self) -> str:
         return str(self.container["name"])
 
+    def env_entries(self) -> dict[str, Mapping[str, Any]]:
+        """The container's ``env`` by name; a repeated name's last entry wins, as in the kubelet."""
+        return {str(e["name"]): e for e in self.container.get("env") or ()}
+
     def literal_env(self) -> dict[str, str]:
-        """Variables with a literal value (valueFrom cannot be read from the spec)."""
-        return {e["name"]: str(e.get("value", "")) for e in self.container.get("env") or () if "valueFrom" not in e}
+        """Variables with a literal value, ``$(VAR)`` expanded (valueFrom cannot be read from the spec)."""
+        env: dict[str, str] = {}
+        for name, entry in self.env_entries().items():
+            if "valueFrom" not in entry:
+                env[name] = expand(str(entry.get("value", "")), env)
+        return env
 
-    def server_args(self) -> list[str]:
-        """llama-server's flags: those its LLAMA_ARG_* environment implies, then the command line.
+    def unreadable_env(self) -> dict[str, Mapping[str, Any]]:
+        """Variables whose value comes from valueFrom (a Secret, a ConfigMap, a field): name -> valueFrom."""
+        return {name: e["valueFrom"] for name, e in self.env_entries().items() if "valueFrom" in e}
 
-        The command line comes last because llama-server prefers a flag over its variable
-        (and `slogate calibrate --server-args` lets the last occurrence win).
-        """
+    def _words(self) -> tuple[list[str], list[str]]:
+        """(the words that launch llama-server, ending with it; the words after it: its flags)."""
         env = self.literal_env()
-        implied: list[str] = []
-        for variable, flag in ENV_FLAGS.items():
-            if variable in env:
-                implied += [flag, env[variable]]
-        for variable, (on, off) in ENV_SWITCHES.items():
-            if variable in env:
-                chosen = on if env[variable].strip().lower() in _TRUE else off
-                implied += [chosen] if chosen else []
-        return implied + self.command_line_flags()
+        command = [expand(str(part), env) for part in self.container.get("command") or ()]
+        args = [expand(str(part), env) for part in self.container.get("args") or ()]
+        if not command:
+            return [], args
+        launch, words = [], command + args
+        if os.path.basename(command[0]) in SHELLS and len(command) >= 3 and command[1] == "-c":
+            launch, words = command[:2], shlex.split(command[2])
+        for index, word in enumerate(words):
+            if os.path.basename(word).startswith("llama-server"):
+                return launch + words[: index + 1], words[index + 1 :]
+        return launch + words[:1], words[1:]
+
+    def launch(self) -> list[str]:
+        """What runs llama-server, up to its executable (``taskset -c 0-1 llama-server``); [] for the entrypoint.
+
+        In the fingerprint: another executable may be another build, and a wrapper may pin CPUs.
+        """
+        return self._words()[0]
+
+    def executable(self) -> str | None:
+        """The llama-server executable the command runs (None: the image's entrypoint)."""
+        launch = self.launch()
+        return launch[-1] if launch else None
 
     def command_line_flags(self) -> list[str]:
         """The flags after the llama-server executable in command + args.
@@ -93,46 +155,81 @@ class LlamaContainer:
         shell (``sh -c "exec llama-server ..."``): the script is split and read after the
         llama-server word. Otherwise command[0] is taken to be the server.
         """
-        command = [str(part) for part in self.container.get("command") or ()]
-        args = [str(part) for part in self.container.get("args") or ()]
-        if not command:
-            return args
-        words = command + args
-        if os.path.basename(command[0]) in SHELLS and len(command) >= 3 and command[1] == "-c":
-            words = shlex.split(command[2])
-        for index, word in enumerate(words):
-            if os.path.basename(word).startswith("llama-server"):
-                return words[index + 1 :]
-        return words[1:]
+        return self._words()[1]
 
-    def flag_value(self, *names: str) -> str | None:
-        """The last value given to any of ``names`` (``--flag value`` or ``--flag=value``)."""
-        found = None
-        flags = self.server_args()
-        for index, word in enumerate(flags):
-            flag, eq, inline = word.partition("=")
-            if flag in names:
-                if eq:
-                    found = inline
-                elif index + 1 < len(flags):
-                    found = flags[index + 1]
-        return found
+    def settings(self) -> ServerSettings:
+        """llama-server's settings: its literal variables, then the command line, folded."""
+        return read_settings(self.literal_env(), self.command_line_flags())
+
+    def server_args(self) -> list[str]:
+        """llama-server's flags: those its literal variables imply, then the command line as written.
+
+        The command line comes last because llama-server prefers a flag over its variable
+        (and `slogate calibrate --server-args` lets the last occurrence win).
+        """
+        return env_flags(self.literal_env()) + self.command_line_flags()
+
+    def host(self) -> str:
+        """Where llama-server listens (``--host``/LLAMA_ARG_HOST, else 127.0.0.1); may be a list or a socket."""
+        value = self.settings().get("--host")
+        return value if isinstance(value, str) else DEFAULT_HOST
 
     def port(self) -> int:
         """llama-server's port (``--port``, else LLAMA_ARG_PORT, else 8080)."""
-        value = self.flag_value("--port")
+        value = self.settings().get("--port")
         try:
-            return int(value) if value is not None else DEFAULT_PORT
+            return int(value) if isinstance(value, str) else DEFAULT_PORT
         except ValueError:
             return DEFAULT_PORT
 
     def model_path(self) -> str | None:
         """The GGUF path it loads (``-m``/``--model``/LLAMA_ARG_MODEL), if given as a path."""
-        return self.flag_value("-m", "--model")
+        value = self.settings().get("--model")
+        return value if isinstance(value, str) else None
 
     def has_metrics(self) -> bool:
         """Whether /metrics is enabled (calibration and live rates read it)."""
-        return "--metrics" in self.server_args()
+        return self.settings().get("--metrics") is True
+
+    def notes(self) -> list[str]:
+        """What the operator had to assume about llama-server's settings, one sentence each."""
+        settings, table = self.settings(), flag_table()
+        notes: list[str] = []
+        for variable, source in self.unreadable_env().items():
+            found = table.by_env(variable)
+            name = found[0].name if found else None
+            if variable.startswith("LLAMA_ARG_") and name not in settings.from_command_line:
+                notes += _unreadable_note(variable, source, name)
+        for source in self.container.get("envFrom") or ():
+            prefix = str(source.get("prefix", ""))
+            if not prefix or any(v.startswith(prefix) for v in table.variables):
+                kind = "configMap" if "configMapRef" in source else "secret" if "secretRef" in source else "source"
+                ref = source.get("configMapRef") or source.get("secretRef") or {}
+                notes.append(
+                    f"envFrom {kind} {ref.get('name', '?')!r} may set LLAMA_ARG_* variables, which the operator "
+                    f"cannot read: none is assumed set, and changes to them do not trigger calibration{_FORCE}"
+                )
+        port = settings.get("--port")
+        if port is None and "LLAMA_ARG_PORT" not in self.env_entries():
+            notes.append(
+                f"llama-server's port is not given (no --port, no LLAMA_ARG_PORT): {DEFAULT_PORT} is assumed, "
+                "and an LLAMA_ARG_PORT baked into the image would not be seen"
+            )
+        elif isinstance(port, str) and not port.isdigit():
+            notes.append(f"llama-server's port {port!r} is not a number: {DEFAULT_PORT} is assumed")
+        if not self.has_metrics():
+            notes.append(
+                "llama-server runs without --metrics: the sidecar has no live prefill rate, and calibration "
+                "enables /metrics for its own run only"
+            )
+        notes += [f"llama-server rejects {word!r} (invalid argument): pass the value as the next argument"
+                  for word in settings.joined]  # fmt: skip
+        if settings.unknown:
+            notes.append(
+                "llama-server arguments not in the operator's table of its flags are fingerprinted as written: "
+                + shlex.join(settings.unknown)
+            )
+        return notes
 
     def mounted_volumes(self) -> list[dict[str, Any]]:
         """The pod's volumes this container mounts, in mount order."""
@@ -176,14 +273,33 @@ def cpu_millicores(quantity: object) -> str | None:
     return f"{value.normalize():f}m"
 
 
+def _fingerprinted_env(llama: LlamaContainer) -> list[dict[str, Any]]:
+    """Variables outside llama-server's settings that change its speed, and unreadable ones.
+
+    A literal variable llama-server reads is in the settings already; one from valueFrom
+    enters as its reference (its value cannot be read), unless its setting is excluded.
+    """
+    table, literal, entries = flag_table(), llama.literal_env(), []
+    for name, entry in sorted(llama.env_entries().items()):
+        found = table.by_env(name)
+        if found is not None and (name in literal or found[0].name in NOT_FINGERPRINTED):
+            continue
+        if found is not None or name.startswith(RELEVANT_ENV_PREFIXES):
+            entries.append({"name": name, "valueFrom": entry["valueFrom"]} if name not in literal
+                           else {"name": name, "value": literal[name]})  # fmt: skip
+    return entries
+
+
 def fingerprint_inputs(llama: LlamaContainer, recalibrate: str | None = None) -> dict[str, Any]:
-    """Everything that changes the model, its quantization or its speed."""
+    """Everything that changes the model, its quantization or its speed.
+
+    llama-server's own settings enter normalised (``server_flags``), so a flag's spelling,
+    its order, or a variable in place of a flag changes nothing; the settings in
+    ``NOT_FINGERPRINTED`` stay out.
+    """
     container = llama.container
     resources = container.get("resources") or {}
-    env = sorted(
-        (e for e in container.get("env") or () if str(e.get("name", "")).startswith(RELEVANT_ENV_PREFIXES)),
-        key=lambda e: str(e["name"]),
-    )
+    settings = llama.settings()
     mounts = sorted(
         (
             {"mountPath": m.get("mountPath"), "subPath": m.get("subPath", ""), "name": m["name"]}
@@ -197,9 +313,11 @@ def fingerprint_inputs(llama: LlamaContainer, recalibrate: str | None = None) ->
     ]
     inputs: dict[str, Any] = {
         "image": container.get("image"),
-        "command": list(container.get("command") or ()),
-        "args": list(container.get("args") or ()),
-        "env": env,
+        "launch": llama.launch(),
+        "server": {name: value for name, value in settings.values.items() if name not in NOT_FINGERPRINTED},
+        # Unknown words keep their order: without the table, their meaning is unknown.
+        "unknownArgs": list(settings.unknown),
+        "env": _fingerprinted_env(llama),
         "envFrom": list(container.get("envFrom") or ()),
         "cpu": {
             "requests": cpu_millicores((resources.get("requests") or {}).get("cpu")),

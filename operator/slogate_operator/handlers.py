@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import random
 from typing import Any
 
 import aiohttp
@@ -26,7 +27,7 @@ import prometheus_client
 from slogate_operator import builders, metrics, names, targets
 from slogate_operator.client import DEPLOYMENTS, KubeClient
 from slogate_operator.context import Runtime
-from slogate_operator.injection import claimed_by, removed_template
+from slogate_operator.injection import deployment_claim, removed_template
 from slogate_operator.reconcile import reconcile
 from slogate_operator.settings import OperatorSettings
 
@@ -72,6 +73,10 @@ async def startup(memo: kopf.Memo, settings: kopf.OperatorSettings, logger: kopf
         prefix=names.GROUP, key="last-handled-configuration"
     )
     settings.persistence.finalizer = f"{names.GROUP}/operator"
+    # Server-side filters: only the Jobs and pods the operator made or injected are sent
+    # (the handlers' label filters below run client-side, after the transfer).
+    settings.watching.label_selectors["batch", "v1", "jobs"] = names.LABEL_POLICY
+    settings.watching.label_selectors["", "v1", "pods"] = names.LABEL_POLICY
     settings.peering.lifetime = config.peering_lifetime_seconds
     client = KubeClient(
         lambda: connection_info(config, settings), retries=config.api_retries, backoff_s=config.api_backoff_seconds
@@ -101,6 +106,9 @@ async def policy_loop(
     rt: Runtime = memo.runtime
     wakeup = rt.wakeup(namespace, name)
     error_backoff = rt.settings.error_backoff_seconds
+    # A restarted operator starts every policy's loop at once: spread their first passes.
+    # Not cut short by wake-ups: kopf's first listing pokes every policy at the same moment.
+    await _sleep(asyncio.Event(), stopped, random.uniform(0, rt.settings.startup_jitter_seconds))
     try:
         while not stopped:
             wakeup.clear()
@@ -112,15 +120,18 @@ async def policy_loop(
                 logger.warning(f"reconcile failed, retrying in {error_backoff:g} s: {error}", exc_info=True)
                 delay, error_backoff = error_backoff, min(error_backoff * 2, rt.settings.resync_seconds)
             else:
-                metrics.reconciles.labels(namespace, name, "ok").inc()
+                metrics.reconciles.labels(namespace, name, "error" if result.failed else "ok").inc()
                 if result.gone:
                     return
-                error_backoff = rt.settings.error_backoff_seconds
+                if result.failed:  # the status says why; try again sooner than a resync, backing off
+                    delay, error_backoff = error_backoff, min(error_backoff * 2, rt.settings.resync_seconds)
+                else:
+                    error_backoff = rt.settings.error_backoff_seconds
                 if result.wake_at is not None:
                     delay = min(delay, max(0.0, (result.wake_at - rt.clock()).total_seconds()) + 0.05)
             await _sleep(wakeup, stopped, delay)
     finally:
-        rt.wakeups.pop((namespace, name), None)
+        rt.forget(namespace, name)
 
 
 async def _sleep(wakeup: asyncio.Event, stopped: kopf.DaemonStopped, delay: float) -> None:
@@ -136,14 +147,19 @@ async def _sleep(wakeup: asyncio.Event, stopped: kopf.DaemonStopped, delay: floa
 
 @kopf.on.delete(*RESOURCE, backoff=5.0)
 async def policy_deleted(name: str, namespace: str | None, memo: Any, logger: kopf.Logger, **_: Any) -> None:
-    """Take the sidecar out of every Deployment this policy injected (kopf retries on failure)."""
+    """Release every Deployment this policy claimed, taking out what it injected (kopf retries on failure).
+
+    What the injection changed is given back (the llama.cpp port's name among it), so a
+    Service that targets the port by name reaches llama-server directly again.
+    """
     assert namespace is not None
     rt: Runtime = memo.runtime
     mine = builders.policy_label_value(name)
     for deployment in await rt.client.list(DEPLOYMENTS, namespace):
-        claimed = claimed_by((deployment.get("spec") or {}).get("template") or {}) == mine
-        if claimed and await targets.apply_template(rt.client, namespace, deployment, removed_template):
-            logger.info(f"sidecar removed from Deployment {deployment['metadata']['name']}")
+        if deployment_claim(deployment) != mine:
+            continue
+        if await targets.apply_template(rt.client, namespace, deployment, removed_template, claim=None):
+            logger.info(f"Deployment {deployment['metadata']['name']} released (sidecar, if any, removed)")
     metrics.forget(namespace, name)
 
 
@@ -154,9 +170,8 @@ def policy_event(name: str, namespace: str | None, memo: Any, **_: Any) -> None:
 
 
 @kopf.on.event("apps", "v1", "deployments")
-def deployment_event(namespace: str | None, memo: Any, **_: Any) -> None:
-    if namespace is not None:
-        _runtime(memo).poke(namespace)
+def deployment_event(type: str | None, body: kopf.Body, memo: Any, **_: Any) -> None:
+    _runtime(memo).deployment_changed(type, body)
 
 
 @kopf.on.event("batch", "v1", "jobs", labels={names.LABEL_POLICY: kopf.PRESENT})
@@ -176,6 +191,9 @@ class _NoRuntime:
         """Events can arrive before startup has finished: nothing to wake yet."""
 
     def poke_label(self, namespace: str, label: str) -> None:
+        """As poke."""
+
+    def deployment_changed(self, kind: str | None, deployment: Any) -> None:
         """As poke."""
 
 

@@ -17,7 +17,7 @@ from typing import Any
 from slogate_admission.schema import CalibrationProfile
 from slogate_operator import builders, metrics, names
 from slogate_operator.calibration import FailureReason, JobState, job_outcome, parse_time, retry_delay
-from slogate_operator.client import JOBS, PODS, AlreadyExistsError
+from slogate_operator.client import JOBS, PODS, AlreadyExistsError, ApiError
 from slogate_operator.context import Runtime
 from slogate_operator.spec import AdmissionPolicySpec
 from slogate_operator.targets import Target
@@ -28,6 +28,7 @@ _OUTCOME_LABEL = {
     FailureReason.FAILED: "failed",
     FailureReason.TIMED_OUT: "timed_out",
     FailureReason.INVALID_RESULT: "invalid_result",
+    FailureReason.REJECTED: "rejected",
 }
 
 
@@ -42,6 +43,8 @@ class Progress:
     started: bool = False
     wake_at: datetime | None = None
     """When the next attempt may start, if waiting out a backoff."""
+    waiting: tuple[str, str] | None = None
+    """(reason, message): what holds a running Job's pod back (Unschedulable...)."""
 
     @property
     def failure(self) -> Mapping[str, Any] | None:
@@ -75,7 +78,7 @@ async def advance(  # noqa: PLR0911 (each outcome of a Job returns its own progr
     deadline = timedelta(seconds=spec.operator.calibration.timeout_seconds + rt.settings.calibration_grace_seconds)
     outcome = job_outcome(job, pods, now=now, deadline=deadline)
     if outcome.state is JobState.RUNNING:
-        return Progress(JobState.RUNNING, record)
+        return Progress(JobState.RUNNING, record, waiting=outcome.waiting)
     if outcome.state is JobState.SUCCEEDED:
         metrics.calibrations.labels(policy.namespace, policy.name, "succeeded").inc()
         log.info("calibration %s of %s/%s succeeded: %s", job_name, policy.namespace, policy.name,
@@ -86,26 +89,10 @@ async def advance(  # noqa: PLR0911 (each outcome of a Job returns its own progr
     uid = job["metadata"].get("uid")
     last = record.get("lastFailure") or {}
     if last.get("jobUid") != uid:
-        attempts = int(record.get("attempts", 0)) + 1
-        retry_at = now + retry_delay(
-            attempts, rt.settings.calibration_retry_seconds, rt.settings.calibration_retry_max_seconds
-        )
-        record |= {
-            "attempts": attempts,
-            "lastFailure": {
-                "reason": outcome.reason.value,
-                "message": f"attempt {attempts}: {outcome.message}",
-                "at": now.strftime(STAMP),
-                "jobUid": uid,
-            },
-            "nextAttemptAt": retry_at.strftime(STAMP),
-        }
-        metrics.calibrations.labels(policy.namespace, policy.name, _OUTCOME_LABEL[outcome.reason]).inc()
-        log.warning("calibration %s of %s/%s failed (attempt %d), next attempt after %s: %s", job_name,
-                    policy.namespace, policy.name, attempts, record["nextAttemptAt"], outcome.message)  # fmt: skip
+        progress = _failed(rt, policy, record, outcome.reason, outcome.message, now=now, job_uid=uid)
         if not _kubernetes_finished(job):
             await rt.client.delete(JOBS, policy.namespace, job_name)  # timed out by our clock: stop it
-        return Progress(JobState.FAILED, record, wake_at=retry_at)
+        return progress
     wait_until = parse_time(record.get("nextAttemptAt"))
     if wait_until is not None and now < wait_until:
         return Progress(JobState.FAILED, record, wake_at=wait_until)
@@ -142,11 +129,46 @@ async def _start(
     except AlreadyExistsError:
         # The previous one is still being deleted (or another writer created it): next pass.
         return Progress(JobState.RUNNING, record)
+    except ApiError as refused:
+        if refused.status == 0 or refused.status >= 500:
+            raise  # the API server is unwell, not the Job: the pass fails and backs off
+        why = f"the API server refused the Job: {refused}"
+        return _failed(rt, policy, record, FailureReason.REJECTED, why, now=now)
     record = {k: v for k, v in record.items() if k != "nextAttemptAt"} | {"startedAt": now.strftime(STAMP)}
     metrics.calibrations.labels(policy.namespace, policy.name, "started").inc()
     log.info("calibration Job %s started for %s/%s (Deployment %s, fingerprint %s)", body["metadata"]["name"],
              policy.namespace, policy.name, target.name, key)  # fmt: skip
     return Progress(JobState.RUNNING, record, started=True)
+
+
+def _failed(
+    rt: Runtime,
+    policy: builders.PolicyRef,
+    record: dict[str, Any],
+    reason: FailureReason,
+    message: str,
+    *,
+    now: datetime,
+    job_uid: str | None = None,
+) -> Progress:
+    """Count a failed attempt, and back off before the next one."""
+    attempts = int(record.get("attempts", 0)) + 1
+    settings = rt.settings
+    retry_at = now + retry_delay(attempts, settings.calibration_retry_seconds, settings.calibration_retry_max_seconds)
+    record = record | {
+        "attempts": attempts,
+        "lastFailure": {
+            "reason": reason.value,
+            "message": f"attempt {attempts}: {message}",
+            "at": now.strftime(STAMP),
+            "jobUid": job_uid,
+        },
+        "nextAttemptAt": retry_at.strftime(STAMP),
+    }
+    metrics.calibrations.labels(policy.namespace, policy.name, _OUTCOME_LABEL[reason]).inc()
+    log.warning("calibration %s of %s/%s failed (attempt %d), next attempt after %s: %s", record.get("job"),
+                policy.namespace, policy.name, attempts, record["nextAttemptAt"], message)  # fmt: skip
+    return Progress(JobState.FAILED, record, wake_at=retry_at)
 
 
 def _kubernetes_finished(job: Mapping[str, Any]) -> bool:

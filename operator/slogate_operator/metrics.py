@@ -19,7 +19,7 @@ reconciles = Counter(
 )
 calibrations = Counter(
     "slogate_operator_calibrations",
-    "Calibration Jobs by outcome: started, succeeded, failed, timed_out, invalid_result.",
+    "Calibration Jobs by outcome: started, succeeded, failed, timed_out, invalid_result, rejected.",
     [*POLICY, "outcome"],
     registry=REGISTRY,
 )

@@ -16,6 +16,12 @@ LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
 LABEL_COMPONENT = "app.kubernetes.io/component"
 LABEL_POLICY = f"{GROUP}/policy"
 """On injected pod templates (so pods say which policy gates them) and on calibration Jobs."""
+ANNOTATION_CLAIM = f"{GROUP}/policy"
+"""On a target Deployment's own metadata: the one policy that gates it (injected or
+self-managed). Metadata, not the pod template: claiming starts no rollout."""
+ANNOTATION_INJECTION = f"{GROUP}/injection"
+"""On an injected pod template: what the injection added and changed (JSON), so removal
+takes out exactly that and nothing of the user's that happens to share a name."""
 LABEL_FINGERPRINT = f"{GROUP}/container-fingerprint"
 ANNOTATION_RECALIBRATE = f"{GROUP}/recalibrate"
 """On a policy: any new value forces a new calibration (it is folded into the fingerprint)."""
@@ -38,6 +44,7 @@ THRESHOLDS_KEY = "thresholds.json"
 PROFILE_KEY = "profile.json"
 TOKEN_KEY = "token"
 CLIENT_PORT_NAME = "slogate"
+"""The sidecar's client port name when the llama.cpp container's port has none to hand over."""
 ADMIN_PORT_NAME = "slogate-admin"
 
 _DNS_LABEL_MAX = 63

@@ -9,14 +9,21 @@ them is retried on the next reconcile pass.
 Pods are pushed to when running with their sidecar container running, ready or not:
 an injected sidecar is not ready *until* it has thresholds, so waiting for readiness
 would wait forever.
+
+Pushes never hold a policy's reconcile pass: a ``PushTracker`` per policy runs one round
+at a time in the background (short timeouts, bounded parallelism), remembers who
+acknowledged which thresholds (by pod uid and sidecar restart count, so a restarted
+sidecar is asked again), and wakes the policy when a round ends. A pass reports what is
+known and starts a round for the sidecars still behind.
 """
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
@@ -37,6 +44,8 @@ class SidecarEndpoint:
 
     pod: str
     url: str
+    incarnation: str = ""
+    """Pod uid and sidecar restart count: a new incarnation has to be asked again."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,7 +82,13 @@ def endpoints(pods: Sequence[Mapping[str, Any]], admin_port: int, *, injected: b
         ):
             continue
         host = f"[{ip}]" if ":" in str(ip) else str(ip)
-        found.append(SidecarEndpoint(pod=str(meta.get("name")), url=f"http://{host}:{admin_port}"))
+        restarts = sum(
+            int(c.get("restartCount") or 0)
+            for c in status.get("containerStatuses") or ()
+            if c.get("name") == names.SIDECAR_CONTAINER
+        )
+        incarnation = f"{meta.get('uid', meta.get('name'))}/{restarts}"
+        found.append(SidecarEndpoint(str(meta.get("name")), f"http://{host}:{admin_port}", incarnation))
     return sorted(found, key=lambda e: e.pod)
 
 
@@ -83,32 +98,7 @@ class PushSettings:
 
     attempts: int = 3
     backoff_s: float = 0.5
-    timeout_s: float = 5.0
-
-
-async def push_all(
-    session: aiohttp.ClientSession,
-    targets: Sequence[SidecarEndpoint],
-    thresholds: Thresholds,
-    token: str,
-    settings: PushSettings,
-) -> PushReport:
-    """Bring every target to ``thresholds``; report who has them."""
-    body = thresholds.model_dump_json(by_alias=True)
-    gate = asyncio.Semaphore(MAX_PARALLEL)
-
-    async def one(target: SidecarEndpoint) -> tuple[str, str | None]:
-        async with gate:
-            return target.pod, await _push_one(
-                session, target, thresholds=thresholds, body=body, token=token, settings=settings
-            )
-
-    results = await asyncio.gather(*(one(t) for t in targets))
-    acknowledged = tuple(pod for pod, problem in results if problem is None)
-    behind = tuple((pod, problem) for pod, problem in results if problem is not None)
-    for pod, problem in behind:
-        log.warning("sidecar of pod %s does not have thresholds %s: %s", pod, thresholds.calibration_id, problem)
-    return PushReport(targeted=len(targets), acknowledged=acknowledged, behind=behind)
+    timeout_s: float = 2.0
 
 
 async def _push_one(
@@ -156,3 +146,84 @@ async def _serves(
         return Thresholds.model_validate(current) == thresholds
     except ValidationError:
         return False
+
+
+@dataclass(eq=False)
+class PushTracker:
+    """One policy's pushes: who has which thresholds, and the pushes under way."""
+
+    acknowledged: dict[str, str] = field(default_factory=dict)
+    """Endpoint incarnation -> calibration id + digest of the thresholds it serves."""
+    problems: dict[str, str] = field(default_factory=dict)
+    """Endpoint incarnation -> why the last attempt failed."""
+    inflight: dict[str, asyncio.Task[None]] = field(default_factory=dict)
+    """Endpoint incarnation -> its push under way (one at a time per sidecar)."""
+    gate: asyncio.Semaphore = field(default_factory=lambda: asyncio.Semaphore(MAX_PARALLEL))
+
+    def report(self, found: Sequence[SidecarEndpoint], version: str) -> PushReport:
+        """Who of ``found`` is known to serve ``version``; the rest, with the reason if one is known."""
+        acknowledged = tuple(e.pod for e in found if self.acknowledged.get(e.incarnation) == version)
+        behind = tuple(
+            (e.pod, self.problems.get(e.incarnation, "push under way"))
+            for e in found
+            if self.acknowledged.get(e.incarnation) != version
+        )
+        return PushReport(targeted=len(found), acknowledged=acknowledged, behind=behind)
+
+    def start(
+        self,
+        session: aiohttp.ClientSession,
+        found: Sequence[SidecarEndpoint],
+        thresholds: Thresholds,
+        token: str,
+        settings: PushSettings,
+        *,
+        done: Callable[[], None],
+    ) -> int:
+        """Push to every endpoint of ``found`` that is behind and not being pushed to; how many started.
+
+        A frozen sidecar holds only its own push (and one of MAX_PARALLEL places): a new pod
+        is pushed to beside it. ``done`` runs after each push, so the policy's next pass
+        reports it.
+        """
+        version = thresholds_version(thresholds)
+        live = {e.incarnation for e in found}
+        for book in (self.acknowledged, self.problems):
+            for gone in [key for key in book if key not in live]:
+                del book[gone]  # pods that left: forget them
+        body = thresholds.model_dump_json(by_alias=True)
+        started = 0
+        for endpoint in found:
+            key = endpoint.incarnation
+            if self.acknowledged.get(key) == version or key in self.inflight:
+                continue
+
+            async def push(endpoint: SidecarEndpoint = endpoint, key: str = key) -> None:
+                try:
+                    async with self.gate:
+                        problem = await _push_one(
+                            session, endpoint, thresholds=thresholds, body=body, token=token, settings=settings
+                        )
+                    if problem is None:
+                        self.acknowledged[key] = version
+                        self.problems.pop(key, None)
+                    else:
+                        log.warning("sidecar of pod %s does not have thresholds %s: %s", endpoint.pod, version, problem)
+                        self.problems[key] = problem
+                finally:
+                    self.inflight.pop(key, None)
+                done()
+
+            self.inflight[key] = asyncio.ensure_future(push())
+            started += 1
+        return started
+
+    def cancel(self) -> None:
+        for task in list(self.inflight.values()):
+            task.cancel()
+
+
+def thresholds_version(thresholds: Thresholds) -> str:
+    """Which thresholds a sidecar was acknowledged for: calibration id and a digest of the document."""
+    body = thresholds.model_dump_json(by_alias=True)
+    return f"{thresholds.calibration_id}/{hashlib.sha256(body.encode()).hexdigest()[:12]}"

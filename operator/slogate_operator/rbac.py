@@ -27,8 +27,9 @@ PERMISSIONS: tuple[Permission, ...] = (
                "watch policies; kopf's finalizer and its progress annotations"),
     Permission("slogate.dev", "admissionpolicies/status", ("patch",),
                "conditions, calibration and thresholds in force, pushed count"),
-    Permission("apps", "deployments", ("list", "watch", "patch"),
-               "find targets, fingerprint their llama.cpp container, inject and remove the sidecar"),
+    Permission("apps", "deployments", ("get", "list", "watch", "patch"),
+               "find targets, fingerprint their llama.cpp container, claim them, inject and remove the sidecar; "
+               "re-read one after a conflicting write"),
     Permission("", "pods", ("list", "watch"),
                "pod IPs to push thresholds to; a calibration pod's termination message (the result)"),
     Permission("batch", "jobs", ("get", "list", "watch", "create", "delete"),

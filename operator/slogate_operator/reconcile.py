@@ -12,6 +12,7 @@ and a pass interrupted anywhere (operator restart) is simply run again.
 from __future__ import annotations
 
 import dataclasses
+import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -19,24 +20,30 @@ from typing import Any
 
 from slogate_admission.derivation import DerivationError, derive_thresholds
 from slogate_admission.schema import CalibrationProfile
-from slogate_operator import builders, jobs, metrics, names, stores, targets
-from slogate_operator.calibration import JobState, parse_time
-from slogate_operator.client import DEPLOYMENTS, PODS, POLICIES
+from slogate_operator import builders, jobs, names, outcome, stores, targets
+from slogate_operator.calibration import JobState
+from slogate_operator.client import DEPLOYMENTS, PODS, POLICIES, ApiError
 from slogate_operator.context import Runtime
-from slogate_operator.injection import SidecarConfig, TargetClaimedError, injected_template, removed_template
-from slogate_operator.push import PushReport, endpoints, push_all
+from slogate_operator.injection import (
+    InjectionRecord,
+    SidecarConfig,
+    TargetClaimedError,
+    injected_template,
+    removed_template,
+)
+from slogate_operator.push import PushReport, endpoints, thresholds_version
 from slogate_operator.spec import AdmissionPolicySpec, SpecError, parse_spec
 from slogate_operator.status import (
     Condition,
     ConditionType,
+    DegradedError,
     calibration_summary,
-    condition_dicts,
-    newly_true,
     ready_condition,
     thresholds_summary,
 )
 
 C = ConditionType
+log = logging.getLogger("slogate.operator")
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,6 +52,8 @@ class PassResult:
 
     gone: bool = False
     """The policy no longer exists (or is being deleted): stop."""
+    failed: bool = False
+    """A step raised: the status says why (Degraded); the loop backs off."""
     wake_at: datetime | None = None
     """Run again no later than this (a calibration backoff ends)."""
 
@@ -69,15 +78,26 @@ async def reconcile(rt: Runtime, namespace: str, name: str) -> PassResult:
             for kind in (C.DEGRADED, C.CALIBRATED, C.THRESHOLDS_PUSHED)
         ]
         judged = [ready_condition(judged), *judged]
-        await _finish(rt, policy, previous=previous, status=status, judged=judged, events=[])
+        await outcome.publish(rt, policy, previous=previous, status=status, judged=judged, events=[])
         return PassResult()
     recalibrate = str((meta.get("annotations") or {}).get(names.ANNOTATION_RECALIBRATE) or "")
     run = Pass(rt, policy, spec, previous, recalibrate, {"observedGeneration": generation})
-    await run.execute()
+    failed = False
+    try:
+        await run.execute()
+    except Exception as error:  # every failure reaches the status: "failures are visible, never silent"
+        failed = True
+        reason, message = outcome.failure_of(error)
+        expected = isinstance(error, DegradedError | ApiError)  # said in full by the message: no traceback
+        log.warning("reconcile of %s/%s failed: %s: %s", namespace, name, reason, message, exc_info=not expected)
+        run.degraded.insert(0, (reason, message))
+        # What the failed pass did not get to stays as the last pass saw it.
+        kept = {k: v for k, v in previous.items() if k not in ("conditions", "observedGeneration")}
+        run.status = kept | run.status
     judged = run.judge()
-    await _finish(rt, policy, previous=previous, status=run.status, judged=judged, events=run.events)
-    _export(policy, spec, run, judged)
-    return PassResult(wake_at=run.wake_at)
+    await outcome.publish(rt, policy, previous=previous, status=run.status, judged=judged, events=run.events)
+    outcome.export(policy, spec, judged, run.report, run.status)
+    return PassResult(wake_at=run.wake_at, failed=failed)
 
 
 @dataclass(slots=True)
@@ -96,17 +116,24 @@ class Pass:
     report: PushReport | None = None
     events: list[tuple[str, str, str]] = field(default_factory=list)
     wake_at: datetime | None = None
+    notes: list[str] = field(default_factory=list)
+    latest: dict[str, Mapping[str, Any]] = field(default_factory=dict)
+    """Deployments as this pass last wrote them (their new resourceVersion)."""
 
     async def execute(self) -> None:
         rt, policy = self.rt, self.policy
         deployments = await rt.client.list(DEPLOYMENTS, policy.namespace)
         scan = targets.scan(policy.name, self.spec, deployments, self.recalibrate or None)
+        spec = self.spec
+        rt.interests[(policy.namespace, policy.name)] = lambda d: targets.concerns(policy.name, spec, d)
         self.problems += scan.problems
         self.status["target"] = self.spec.target_text()
         self.status["targets"] = [t.name for t in scan.targets]
         token = await stores.ensure_token(rt.client, policy, rt.settings.admin_token_secret)
         stored = await stores.load_stored(rt.client, policy)
-        await self.inject(scan)
+        # Claimed first, so no other policy calibrates or pushes to them; gated only once
+        # thresholds exist (a sidecar without them could never become ready).
+        await self.manage_targets(scan, gate=stored.thresholds is not None)
         key = self.calibration_key(scan)
         self.status["containerFingerprint"] = key
         await jobs.stop_obsolete(rt, policy, keep=key)
@@ -114,6 +141,8 @@ class Pass:
         stored, fresh = self.derive(stored, fresh)
         if fresh:
             await stores.save_stored(rt.client, policy, stored)
+            await self.manage_targets(scan, gate=stored.thresholds is not None)
+        self.note_targets(scan, gated=stored.thresholds is not None)
         if stored.profile is not None:
             self.status["calibration"] = calibration_summary(
                 stored.profile, stored.container_fingerprint or "", stored.job
@@ -144,9 +173,10 @@ class Pass:
             return None
         return scan.targets[0].fingerprint
 
-    async def inject(self, scan: targets.TargetScan) -> None:
-        """Sidecar into every target (with inject), out of strays and, without inject, of targets."""
+    async def manage_targets(self, scan: targets.TargetScan, *, gate: bool) -> None:
+        """Claim every target; the sidecar in (``gate`` and inject) or out; strays released."""
         sidecar, client, namespace = self.spec.operator.sidecar, self.rt.client, self.policy.namespace
+        mine = builders.policy_label_value(self.policy.name)
         for target in scan.targets:
             config = SidecarConfig(
                 policy=self.policy.name,
@@ -157,22 +187,60 @@ class Pass:
                 prompt_counting=sidecar.prompt_counting,
                 token_secret=self.rt.settings.admin_token_secret,
                 resources=sidecar.resources.model_dump(exclude_defaults=True) if sidecar.resources else None,
+                llama_container=target.llama.name,
             )
 
             def desired(template: Mapping[str, Any], config: SidecarConfig = config) -> dict[str, Any]:
-                return injected_template(template, config) if sidecar.inject else removed_template(template)
+                return injected_template(template, config) if gate and sidecar.inject else removed_template(template)
 
+            current = self.latest.get(target.name, target.deployment)
             try:
-                if await targets.apply_template(client, namespace, target.deployment, desired):
-                    done = "injected into" if sidecar.inject else "removed from"
-                    reason = "SidecarInjected" if sidecar.inject else "SidecarRemoved"
-                    self.events.append(("Normal", reason, f"sidecar {done} Deployment {target.name}"))
+                changed = await targets.apply_template(client, namespace, current, desired, claim=mine)
             except TargetClaimedError as error:
                 self.problems.append(f"Deployment {target.name}: {error}")
+                continue
+            if changed is not None:
+                self.latest[target.name] = changed
+                self._note_change(target.name, current, changed)
         for stray in scan.strays:
-            if await targets.apply_template(client, namespace, stray, removed_template):
+            released = await targets.apply_template(client, namespace, stray, removed_template, claim=None)
+            if released is not None and InjectionRecord.of(_template(stray)) is not None:
                 what = f"sidecar removed from Deployment {stray['metadata']['name']} (no longer selected)"
                 self.events.append(("Normal", "SidecarRemoved", what))
+
+    def _note_change(self, name: str, before: Mapping[str, Any], after: Mapping[str, Any]) -> None:
+        was, now = InjectionRecord.of(_template(before)), InjectionRecord.of(_template(after))
+        if was is None and now is not None:
+            self.events.append(("Normal", "SidecarInjected", f"sidecar injected into Deployment {name}"))
+        elif was is not None and now is None:
+            self.events.append(("Normal", "SidecarRemoved", f"sidecar removed from Deployment {name}"))
+        elif now is not None and _template(before) != _template(after):
+            self.events.append(("Normal", "SidecarUpdated", f"sidecar of Deployment {name} updated"))
+
+    def note_targets(self, scan: targets.TargetScan, *, gated: bool) -> None:
+        """What the status must say about the targets though nothing failed (``status.notes``)."""
+        inject = self.spec.operator.sidecar.inject
+        for target in scan.targets:
+            self.notes += [f"Deployment {target.name}: {note}" for note in target.llama.notes()]
+            if inject and not gated:
+                self.notes.append(
+                    f"Deployment {target.name} serves ungated until the first calibration has derived "
+                    "thresholds; the sidecar is injected then"
+                )
+            if inject and target.llama.host() in LOOPBACK:
+                self.notes.append(
+                    f"Deployment {target.name}: llama-server listens on {target.llama.host()} only: without "
+                    "the gate (before the first calibration, after removal) nothing answers on the pod IP"
+                )
+            record = InjectionRecord.of(_template(self.latest.get(target.name, target.deployment)))
+            if inject and gated and record is not None and record.port_name is None:
+                self.notes.append(
+                    f"Deployment {target.name}: llama-server's port {target.llama.port()} has no name to hand "
+                    f"over: the sidecar's client port is named {names.CLIENT_PORT_NAME!r}; a Service targeting "
+                    "it loses its endpoints when the gate is removed (name the port and target the name)"
+                )
+        if self.notes:
+            self.status["notes"] = self.notes[:20]
 
     async def calibrate(
         self, scan: targets.TargetScan, key: str | None, stored: stores.StoredCalibration
@@ -208,11 +276,13 @@ class Pass:
         failure = progress.failure
         if failure:
             self.degraded.append((str(failure["reason"]), str(failure["message"])))
-        self.calibrated = (
-            Condition(C.CALIBRATED, False, "CalibrationFailed", str(failure["message"]))
-            if progress.state is JobState.FAILED and failure
-            else Condition(C.CALIBRATED, False, "Calibrating", f"Job {job} is measuring fingerprint {key}")
-        )
+        if progress.state is JobState.FAILED and failure:
+            self.calibrated = Condition(C.CALIBRATED, False, "CalibrationFailed", str(failure["message"]))
+        elif progress.waiting is not None:
+            why, detail = progress.waiting
+            self.calibrated = Condition(C.CALIBRATED, False, why, f"Job {job} waits: {detail}")
+        else:
+            self.calibrated = Condition(C.CALIBRATED, False, "Calibrating", f"Job {job} is measuring fingerprint {key}")
         return stored, False
 
     def calibrated_now(
@@ -245,16 +315,30 @@ class Pass:
         return dataclasses.replace(stored, thresholds=derived, policy_digest=digest), True
 
     async def push(self, scan: targets.TargetScan, stored: stores.StoredCalibration, token: str) -> PushReport:
+        """Report who serves the thresholds in force; push to the rest in the background."""
         assert stored.thresholds is not None
-        pods: dict[str, Mapping[str, Any]] = {}
-        for target in scan.targets:
-            query, matches = targets.pod_selector(target.deployment)
-            for pod in await self.rt.client.list(PODS, self.policy.namespace, label_selector=query or None):
-                if matches(pod):
-                    pods[pod["metadata"]["name"]] = pod
         sidecar = self.spec.operator.sidecar
+        pods: dict[str, Mapping[str, Any]] = {}
+        if sidecar.inject:
+            # One server-side filtered list: injected pods carry the policy's label.
+            label = builders.policy_label_value(self.policy.name)
+            query = f"{names.LABEL_POLICY}={label}"
+            for pod in await self.rt.client.list(PODS, self.policy.namespace, label_selector=query):
+                if (pod["metadata"].get("labels") or {}).get(names.LABEL_POLICY) == label:
+                    pods[pod["metadata"]["name"]] = pod
+        else:
+            for target in scan.targets:
+                query, matches = targets.pod_selector(target.deployment)
+                for pod in await self.rt.client.list(PODS, self.policy.namespace, label_selector=query or None):
+                    if matches(pod):
+                        pods[pod["metadata"]["name"]] = pod
         found = endpoints(list(pods.values()), sidecar.admin_port, injected=sidecar.inject)
-        report = await push_all(self.rt.http, found, stored.thresholds, token, self.rt.push_settings)
+        tracker = self.rt.push_tracker(self.policy.namespace, self.policy.name)
+        tracker.start(
+            self.rt.http, found, stored.thresholds, token, self.rt.push_settings,
+            done=lambda: self.rt.poke(self.policy.namespace, self.policy.name),
+        )  # fmt: skip
+        report = tracker.report(found, thresholds_version(stored.thresholds))
         self.status["pushed"] = report.text
         self.status["sidecars"] = {
             "targeted": report.targeted,
@@ -292,39 +376,8 @@ class Pass:
         return [ready_condition(judged), *judged]
 
 
-async def _finish(
-    rt: Runtime,
-    policy: builders.PolicyRef,
-    *,
-    previous: Mapping[str, Any],
-    status: dict[str, Any],
-    judged: list[Condition],
-    events: list[tuple[str, str, str]],
-) -> None:
-    """Write the status if it changed; post events for new trouble and for what was done."""
-    before = list(previous.get("conditions") or [])
-    status["conditions"] = condition_dicts(judged, before, now=rt.clock(), generation=status["observedGeneration"])
-    status = {k: v for k, v in status.items() if v is not None}
-    if status != previous:
-        replace_status = [{"op": "add", "path": "/status", "value": status}]
-        await rt.client.json_patch(POLICIES, policy.namespace, policy.name, replace_status, subresource="status")
-    for condition in newly_true(judged, before):
-        if condition.type in (C.DEGRADED, C.INVALID):
-            await rt.post_event(policy, "Warning", condition.reason, condition.message)
-    for kind, reason, message in events:
-        await rt.post_event(policy, kind, reason, message)
+LOOPBACK = frozenset({"127.0.0.1", "localhost", "::1"})
 
 
-def _export(policy: builders.PolicyRef, spec: AdmissionPolicySpec, run: Pass, judged: list[Condition]) -> None:
-    labels = (policy.namespace, policy.name)
-    for condition in judged:
-        metrics.condition.labels(*labels, condition.type.value).set(1 if condition.status else 0)
-    report = run.report
-    metrics.sidecars.labels(*labels, "targeted").set(report.targeted if report else 0)
-    metrics.sidecars.labels(*labels, "acknowledged").set(len(report.acknowledged) if report else 0)
-    alerting = spec.operator.alerting
-    metrics.rejection_ratio.labels(*labels, "warning").set(alerting.rejection_ratio_warning)
-    metrics.rejection_ratio.labels(*labels, "critical").set(alerting.rejection_ratio_critical)
-    measured = parse_time((run.status.get("calibration") or {}).get("measuredAt"))
-    if measured is not None:
-        metrics.calibrated_at.labels(*labels).set(measured.timestamp())
+def _template(deployment: Mapping[str, Any]) -> Mapping[str, Any]:
+    return (deployment.get("spec") or {}).get("template") or {}

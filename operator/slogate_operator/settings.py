@@ -46,6 +46,9 @@ class OperatorSettings:
     admin_token_secret: str = "slogate-admin-token"
     """Secret (one per namespace, created by the operator) holding the bearer token
     that sidecars require for threshold pushes; key ``token``."""
+    startup_jitter_seconds: float = 5.0
+    """A policy's first pass waits a random share of this, so a restarted operator does not
+    reconcile (and list, and push to) every policy at the same moment."""
     resync_seconds: float = 30.0
     """A policy is reconciled at least this often, besides every change the operator
     watches (policy, Deployments, calibration Jobs and pods)."""
@@ -64,8 +67,9 @@ class OperatorSettings:
     """Attempts per sidecar in one push round; later rounds retry the ones still behind."""
     push_backoff_seconds: float = 0.5
     """Wait before the second push attempt to a sidecar; doubles per attempt."""
-    push_timeout_seconds: float = 5.0
-    """One request to a sidecar's admin API may take this long."""
+    push_timeout_seconds: float = 2.0
+    """One request to a sidecar's admin API may take this long (pushes run beside the
+    reconcile pass, never in it; a sidecar still behind is tried again next round)."""
     api_retries: int = 4
     """Attempts of one Kubernetes API call that met a 429, a 5xx or a broken connection."""
     api_backoff_seconds: float = 0.2
@@ -91,6 +95,9 @@ class OperatorSettings:
         for name in ("metrics_port", "liveness_port"):
             if not 0 <= getattr(self, name) <= 65535:
                 raise SettingsError(f"{name} must be a port number or 0, got {getattr(self, name)!r}")
+        jitter = self.startup_jitter_seconds
+        if not (math.isfinite(jitter) and jitter >= 0):
+            raise SettingsError(f"startup_jitter_seconds must be a finite number >= 0, got {jitter!r}")
         if self.priority < 0:
             raise SettingsError(f"priority must be >= 0 (0: random), got {self.priority}")
         if not self.image:

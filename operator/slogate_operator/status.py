@@ -31,6 +31,14 @@ class ConditionType(StrEnum):
     """The spec passed the schema but not the operator's checks; nothing is changed."""
 
 
+class DegradedError(RuntimeError):
+    """A step cannot go on; ``reason`` becomes the Degraded condition's reason."""
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
 @dataclass(frozen=True, slots=True)
 class Condition:
     """One condition as the reconcile pass judged it."""

@@ -20,6 +20,7 @@ from pydantic import ValidationError
 from slogate_admission.schema import CalibrationProfile, Policy, Thresholds
 from slogate_operator import builders, names
 from slogate_operator.client import CONFIGMAPS, SECRETS, AlreadyExistsError, ConflictError, KubeClient
+from slogate_operator.status import DegradedError
 
 log = logging.getLogger("slogate.operator")
 
@@ -36,9 +37,16 @@ async def ensure_token(client: KubeClient, policy: builders.PolicyRef, secret_na
                 continue  # another writer was first: read theirs
         token = builders.secret_token(secret)
         if token is None:
-            raise ValueError(f"Secret {policy.namespace}/{secret_name} has no {names.TOKEN_KEY!r} key")
+            raise DegradedError(
+                "AdminTokenInvalid",
+                f"Secret {policy.namespace}/{secret_name} has no usable {names.TOKEN_KEY!r} key: no sidecar can "
+                f"accept a push; put a token there (or delete the Secret and the operator makes one)",
+            )
+        labels = secret["metadata"].get("labels") or {}
         owners = secret["metadata"].get("ownerReferences") or []
-        if any(o.get("uid") == policy.uid for o in owners):
+        if labels.get(names.LABEL_MANAGED_BY) != names.MANAGED_BY or any(o.get("uid") == policy.uid for o in owners):
+            # A Secret the user made stays theirs: no owner reference, or it would be
+            # garbage-collected with the last policy that uses it.
             return token
         owners = [*owners, policy.owner_reference(controller=False)]
         ops = [
@@ -104,13 +112,20 @@ async def load_stored(client: KubeClient, policy: builders.PolicyRef) -> StoredC
     """Read the ConfigMap, creating it empty (so pods can mount it) if missing.
 
     A ConfigMap left by an earlier policy of the same name (deleted and created again
-    before garbage collection ran) is adopted, so it is not collected from under us.
+    before garbage collection ran) is adopted, so it is not collected from under us; any
+    other ConfigMap of that name is the user's, and left alone (Degraded, ConfigMapNotOurs).
     """
     name = names.thresholds_configmap_name(policy.name)
     configmap = await client.get(CONFIGMAPS, policy.namespace, name)
-    if configmap is not None and [o.get("uid") for o in configmap["metadata"].get("ownerReferences") or ()] != [
-        policy.uid
-    ]:
+    if configmap is not None and not _owned_by(configmap, policy):
+        if not _left_by_namesake(configmap, policy):
+            raise DegradedError(
+                "ConfigMapNotOurs",
+                f"ConfigMap {policy.namespace}/{name} exists and was not made by the slogate operator for this "
+                "policy: rename it, or rename the policy (the operator keeps its thresholds there)",
+            )
+        # Left by an earlier policy of the same name (deleted and created again before
+        # garbage collection ran): adopted, so it is not collected from under us.
         owners = {"metadata": {"ownerReferences": [policy.owner_reference()]}}
         configmap = await client.merge_patch(CONFIGMAPS, policy.namespace, name, owners)
     if configmap is None:
@@ -121,6 +136,20 @@ async def load_stored(client: KubeClient, policy: builders.PolicyRef) -> StoredC
             return read_stored(configmap)
         return StoredCalibration(exists=True)
     return read_stored(configmap)
+
+
+def _owned_by(configmap: dict[str, Any], policy: builders.PolicyRef) -> bool:
+    return [o.get("uid") for o in configmap["metadata"].get("ownerReferences") or ()] == [policy.uid]
+
+
+def _left_by_namesake(configmap: dict[str, Any], policy: builders.PolicyRef) -> bool:
+    """Made by us for a policy of this name, and owned by no other live kind of object."""
+    labels = configmap["metadata"].get("labels") or {}
+    ours = labels.get(names.LABEL_MANAGED_BY) == names.MANAGED_BY and labels.get(
+        names.LABEL_POLICY
+    ) == builders.policy_label_value(policy.name)
+    owners = configmap["metadata"].get("ownerReferences") or ()
+    return ours and all(o.get("kind") == names.KIND and o.get("name") == policy.name for o in owners)
 
 
 async def save_stored(client: KubeClient, policy: builders.PolicyRef, stored: StoredCalibration) -> None:

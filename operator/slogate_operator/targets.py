@@ -1,15 +1,22 @@
-"""Which Deployments a policy gates, their llama.cpp containers, and (un)injecting the sidecar."""
+"""Which Deployments a policy gates, their llama.cpp containers, and claiming, injecting and
+releasing them.
+
+A policy claims each target (an annotation on the Deployment's own metadata, which starts
+no rollout) before anything else, so two policies, injected or self-managed, can never
+gate, calibrate or push to the same Deployment.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
-from slogate_operator import builders
+from slogate_operator import builders, names
 from slogate_operator.client import DEPLOYMENTS, ConflictError, KubeClient
 from slogate_operator.fingerprint import ContainerNotFoundError, LlamaContainer, container_fingerprint, llama_container
-from slogate_operator.injection import claimed_by, template_patch
+from slogate_operator.injection import deployment_claim, deployment_patch
+from slogate_operator.names import SIDECAR_CONTAINER
 from slogate_operator.spec import AdmissionPolicySpec
 
 CONFLICT_RETRIES = 5
@@ -63,7 +70,7 @@ def scan(
     for deployment in chosen:
         template = (deployment.get("spec") or {}).get("template") or {}
         name = deployment["metadata"]["name"]
-        owner = claimed_by(template)
+        owner = deployment_claim(deployment)
         if owner is not None and owner != mine:
             problems.append(f"Deployment {name} is already gated by policy {owner!r}")
             continue
@@ -72,14 +79,42 @@ def scan(
         except ContainerNotFoundError as error:
             problems.append(f"Deployment {name}: {error}")
             continue
+        clash = port_clash(spec, llama, template.get("spec") or {})
+        if clash:
+            problems.append(f"Deployment {name}: {clash}")
+            continue
         targets.append(Target(deployment, llama, container_fingerprint(llama, recalibrate)))
     chosen_names = {d["metadata"]["name"] for d in chosen}
-    strays = tuple(
-        d
-        for d in deployments
-        if d["metadata"]["name"] not in chosen_names and claimed_by((d.get("spec") or {}).get("template") or {}) == mine
-    )
+    strays = tuple(d for d in deployments if d["metadata"]["name"] not in chosen_names and deployment_claim(d) == mine)
     return TargetScan(tuple(targets), tuple(problems), strays)
+
+
+def concerns(policy: str, spec: AdmissionPolicySpec, deployment: Mapping[str, Any]) -> bool:
+    """Whether a change to ``deployment`` can change what the policy does: named, selected, or claimed."""
+    return bool(selected(spec, [deployment])) or deployment_claim(deployment) == builders.policy_label_value(policy)
+
+
+def port_clash(spec: AdmissionPolicySpec, llama: LlamaContainer, pod_spec: Mapping[str, Any]) -> str | None:
+    """Why the sidecar's ports cannot go into this pod (a port another container uses), or None."""
+    sidecar = spec.operator.sidecar
+    if not sidecar.inject:
+        return None
+    ours = {sidecar.port: "spec.sidecar.port", sidecar.admin_port: "spec.sidecar.adminPort"}
+    if llama.port() in ours:
+        return (
+            f"llama-server listens on {llama.port()}, the sidecar's {ours[llama.port()]}: the gate would be "
+            "its own upstream; move one of them"
+        )
+    for container in pod_spec.get("containers") or ():
+        if container.get("name") == SIDECAR_CONTAINER:
+            continue
+        for port in container.get("ports") or ():
+            if port.get("containerPort") in ours:
+                return (
+                    f"container {container.get('name')} declares port {port['containerPort']}, the sidecar's "
+                    f"{ours[port['containerPort']]}: set another one in the policy"
+                )
+    return None
 
 
 async def apply_template(
@@ -87,27 +122,35 @@ async def apply_template(
     namespace: str,
     deployment: Mapping[str, Any],
     desired_from: Callable[[Mapping[str, Any]], dict[str, Any]],
-) -> bool:
-    """Patch the pod template to ``desired_from(current)``; True if it changed.
+    claim: str | Literal["keep"] | None = "keep",
+) -> Mapping[str, Any] | None:
+    """Patch the pod template to ``desired_from(current)`` and the claim; the new Deployment if it changed.
 
+    ``claim``: the policy label value to claim it for, None to release it, "keep" to leave it.
     Conflicts (someone changed the Deployment meanwhile) re-read and retry, so the
     desired template is always computed from the latest one.
     """
     current: Mapping[str, Any] | None = deployment
     for _ in range(CONFLICT_RETRIES):
         if current is None:
-            return False
-        ops = template_patch(current, desired_from((current.get("spec") or {}).get("template") or {}))
+            return None
+        template = (current.get("spec") or {}).get("template") or {}
+        wanted = deployment_claim_value(current) if claim == "keep" else claim
+        ops = deployment_patch(current, desired_from(template), wanted)
         if not ops:
-            return False
+            return None
         name = str(current["metadata"]["name"])
         try:
-            await client.json_patch(DEPLOYMENTS, namespace, name, ops)
+            return await client.json_patch(DEPLOYMENTS, namespace, name, ops)
         except ConflictError:
             current = await client.get(DEPLOYMENTS, namespace, name)
             continue
-        return True
     raise ConflictError(409, "Conflict", f"Deployment {namespace}/{deployment['metadata']['name']} kept changing")
+
+
+def deployment_claim_value(deployment: Mapping[str, Any]) -> str | None:
+    """The claim annotation as it stands (not an injected template's label)."""
+    return ((deployment.get("metadata") or {}).get("annotations") or {}).get(names.ANNOTATION_CLAIM)
 
 
 def pod_selector(deployment: Mapping[str, Any]) -> tuple[str, Callable[[Mapping[str, Any]], bool]]:

@@ -75,15 +75,16 @@ def test_real_calibration_reaches_every_real_sidecar_and_a_rollout_recalibrates(
         cluster.create(DEPLOYMENTS, llama_deployment(replicas=3))
         cluster.create(POLICIES, admission_policy(sidecar={"adminPort": fleet.admin_port}))
         (job,) = eventually(lambda: job_names(cluster), what="the first calibration Job")
-        eventually(lambda: len(cluster.get(DEPLOYMENTS, "smollm2")["spec"]["template"]["spec"]["containers"]) == 2)
-        # The pods of the injected template start before any thresholds exist: their sidecars are not ready.
-        fleet.mount_token()
-        for ip in PODS:
-            fleet.start(ip)
-        cluster.run_pods("smollm2", PODS)
-        assert all(served(fleet, ip) is None and not fleet.state(ip)["ready"] for ip in PODS)
-
+        # Calibrated first, gated after: until thresholds exist the pods serve as they are.
+        assert len(cluster.get(DEPLOYMENTS, "smollm2")["spec"]["template"]["spec"]["containers"]) == 1
         cluster.complete_job(job, compact_json(calibrated_profile))
+        eventually(lambda: len(cluster.get(DEPLOYMENTS, "smollm2")["spec"]["template"]["spec"]["containers"]) == 2)
+        # The injected template's pods mount the ConfigMap, which holds the thresholds by now.
+        fleet.mount_token()
+        boot = cluster.get(CONFIGMAPS, "smollm2-thresholds")["data"]["thresholds.json"]
+        for ip in PODS:
+            fleet.start(ip, thresholds_json=boot)
+        cluster.run_pods("smollm2", PODS)
         found = eventually(
             lambda: (p := cluster.get(POLICIES, "smollm2")) and p["status"].get("pushed") == "3/3" and p,
             what="3/3 sidecars acknowledged",

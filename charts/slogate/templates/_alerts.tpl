@@ -122,7 +122,7 @@ by a policy): `or` fills the gap per (namespace, policy).
     {{- if .enabled }}
     - alert: SlogateCalibrationFailing
       expr: |
-        {{- printf "sum by (namespace, policy) (\n  increase(slogate_operator_calibrations_total{outcome=~\"failed|timed_out|invalid_result\"}[%s])\n) > 0\nunless on (namespace, policy)\nmax by (namespace, policy) (slogate_operator_policy_condition{type=\"Calibrated\"}) == 1" .window | nindent 8 }}
+        {{- printf "sum by (namespace, policy) (\n  increase(slogate_operator_calibrations_total{outcome=~\"failed|timed_out|invalid_result|rejected\"}[%s])\n) > 0\nunless on (namespace, policy)\nmax by (namespace, policy) (slogate_operator_policy_condition{type=\"Calibrated\"}) == 1" .window | nindent 8 }}
       for: {{ index . "for" }}
       labels:
         {{- include "slogate.alertLabels" (dict "alert" . "root" $) | nindent 8 }}

@@ -14,10 +14,11 @@ namespace globs, which values.schema.json does not accept.)
 - apiGroups: ["slogate.dev"]
   resources: ["admissionpolicies/status"]
   verbs: ["patch"]
-# Targets: found, fingerprinted, their pod template patched to inject or remove the sidecar.
+# Targets: found, fingerprinted, claimed, their pod template patched to inject or remove the
+# sidecar; one re-read (get) after a conflicting write.
 - apiGroups: ["apps"]
   resources: ["deployments"]
-  verbs: ["list", "watch", "patch"]
+  verbs: ["get", "list", "watch", "patch"]
 # Pod IPs to push thresholds to; a calibration pod's termination message (the result).
 - apiGroups: [""]
   resources: ["pods"]

@@ -206,6 +206,8 @@ def test_notes_say_what_to_do_next() -> None:
     assert "kubectl -n llm apply -f examples/smollm2.yaml" in text
     assert "kubectl get admissionpolicies" in text
     assert "8081" in text
+    # The Service targets llama-server's port by name; the sidecar takes the name over.
+    assert "targetPort: http" in text
     assert "PrometheusRule slogate-alerts: shedding above each policy's spec.alerting ratios" in text
     tuned = notes(load_values(CHART / "ci" / "tuned-alerts-values.yaml"))
     assert "shedding above 0.02 (warning) and 0.1 (critical)" in tuned

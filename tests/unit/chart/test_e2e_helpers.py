@@ -96,11 +96,12 @@ def test_the_suite_collects_its_steps_in_order(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stdout + done.stderr
     names = [line.split("::")[-1] for line in done.stdout.splitlines() if "::" in line]
     assert names == [
+        "test_the_service_answers_ungated_before_the_first_calibration",
         "test_policy_calibrates_and_becomes_ready",
         "test_overload_through_the_service_is_shed_with_retry_after",
         "test_shedding_is_counted_in_the_sidecars_metrics",
         "test_new_thread_count_recalibrates_every_sidecar",
-        "test_deleting_the_policy_removes_the_sidecar",
+        "test_deleting_the_policy_gives_the_service_back_to_llama_server",
     ]
     without = subprocess.run(
         [sys.executable, "-m", "pytest", "-c", "e2e/pytest.ini", "e2e"],
@@ -131,6 +132,56 @@ def test_the_suite_follows_the_example_and_installs_the_image_it_builds() -> Non
     assert container["imagePullPolicy"] == "Never"  # the image kind loaded, nothing pulled
     env = {e["name"]: e.get("value") for e in container["env"]}
     assert env["SLOGATE_OPERATOR_IMAGE"] == suite.SLOGATE_IMAGE  # sidecars and calibration Jobs too
+
+
+def example() -> Any:
+    return suite.Example([d for d in __import__("yaml").safe_load_all(suite.EXAMPLE.read_text()) if d])
+
+
+def test_the_example_serves_through_the_port_name_the_gate_takes_over() -> None:
+    """What the suite's steps rely on: the Service targets llama-server's port by name (so it
+    reaches llama-server before the first calibration and after removal, the gate between),
+    llama-server listens beyond loopback (else nothing answers without the gate), and the
+    NetworkPolicy admits clients to that name only and the admin port to named namespaces."""
+    found = example()
+    assert found.target_port == "http"
+    assert found.llama_port == 8080
+    assert found.service_port == 80
+    assert (found.sidecar_port("port"), found.sidecar_port("adminPort")) == (8081, 8082)
+    assert found.llama_port not in (found.sidecar_port("port"), found.sidecar_port("adminPort"))
+    args = found.llama_spec["args"]
+    assert args[args.index("--host") + 1] == "0.0.0.0"
+    assert args[args.index("--port") + 1] == str(found.llama_port)
+    assert [d["kind"] for d in found.workload_documents] == ["Deployment", "Service", "NetworkPolicy"]
+    client, admin = found.one("NetworkPolicy")["spec"]["ingress"]
+    assert client == {"ports": [{"port": found.target_port, "protocol": "TCP"}]}  # from everyone, by name
+    assert admin["ports"] == [{"port": "slogate-admin", "protocol": "TCP"}]
+    assert all(set(peer) == {"namespaceSelector"} for peer in admin["from"])
+    selector = found.one("NetworkPolicy")["spec"]["podSelector"]
+    labels = found.one("Deployment")["spec"]["template"]["metadata"]["labels"]
+    assert all(labels.get(k) == v for k, v in selector["matchLabels"].items())
+
+
+def test_the_example_s_network_policy_admits_the_operator_of_the_suite_s_release() -> None:
+    def admitted_namespaces(of: Any) -> list[list[str]]:
+        rules = of.one("NetworkPolicy")["spec"]["ingress"]
+        return [
+            [p["namespaceSelector"]["matchLabels"][suite.NAMESPACE_LABEL] for p in r.get("from", [])] for r in rules
+        ]
+
+    original = example()
+    adapted = original.for_release(suite.RELEASE_NAMESPACE)
+    assert admitted_namespaces(original) == [[], [suite.EXAMPLE_OPERATOR_NAMESPACE, "monitoring"]]
+    assert admitted_namespaces(adapted) == [[], [suite.RELEASE_NAMESPACE, "monitoring"]]
+    # Nothing else changes, and the example itself is not modified.
+    assert [d for d in adapted.documents if d["kind"] != "NetworkPolicy"] == [
+        d for d in original.documents if d["kind"] != "NetworkPolicy"
+    ]
+    assert example().documents == original.documents
+    moved = original.for_release("elsewhere")
+    assert admitted_namespaces(moved) == [[], ["elsewhere", "monitoring"]]
+    with pytest.raises(ValueError, match="exactly once"):
+        moved.for_release("again")  # it names the example's operator namespace no more
 
 
 def test_model_image_puts_the_gguf_where_the_example_copies_it_from() -> None:
@@ -240,6 +291,77 @@ def fake_gate() -> Iterator[str]:
     finally:
         server.shutdown()
         thread.join()
+
+
+def test_the_in_cluster_request_reports_status_headers_and_body(fake_gate: str) -> None:
+    """The script the suite runs in its client pod (here with this Python, not through kubectl)."""
+
+    def exchange(url: str) -> Any:
+        command = tools.in_cluster_command("POST", url, {"prompt": "x"}, headers={"X-Slogate-Class": "batch"},
+                                           timeout_s=10, python=sys.executable)  # fmt: skip
+        done = subprocess.run(command, capture_output=True, text=True, timeout=60, check=True)
+        return tools.parse_in_cluster_reply(done.stdout)
+
+    admitted, refused = exchange(fake_gate + "/completion"), exchange(fake_gate + "/completion")
+    assert (admitted.status, admitted.json()) == (200, {"content": "ok"})
+    assert refused.status == 429
+    assert tools.retry_after_seconds(refused) == 2
+    assert refused.json()["error"]["code"] == "slogate_rejected"
+    assert _Gate.classes == ["batch", "batch"]
+    with socket.socket() as closed:
+        closed.bind(("127.0.0.1", 0))
+        port = closed.getsockname()[1]
+    nobody = exchange(f"http://127.0.0.1:{port}/completion")
+    assert nobody.status == 0
+    assert b"Connection refused" in nobody.body or b"URLError" in nobody.body
+    with pytest.raises(tools.CommandError, match="printed nothing"):
+        tools.parse_in_cluster_reply("\n")
+
+
+def test_headers_are_found_whatever_their_case() -> None:
+    reply = tools.Reply(200, {"x-slogate-class": "interactive"}, b"{}")
+    assert tools.header(reply, "X-Slogate-Class") == "interactive"
+    assert tools.header(reply, "Retry-After") is None
+
+
+class _Slices:
+    """kubectl's answer for the Service's EndpointSlices: one per port the name resolved to."""
+
+    def __init__(self, items: list[dict[str, Any]]) -> None:
+        self.items = items
+
+    def json(self, *_args: str, hint: str) -> dict[str, Any]:  # noqa: ARG002 (Kube's signature)
+        return {"items": self.items}
+
+
+def endpoint(pod: str, **conditions: bool) -> dict[str, Any]:
+    return {"addresses": ["10.244.0.9"], "conditions": conditions, "targetRef": {"kind": "Pod", "name": pod}}
+
+
+def test_service_endpoints_are_the_ready_pods_by_resolved_port() -> None:
+    """Mid-rollout a named targetPort resolves to two numbers: a slice each; terminating
+    endpoints do not count, and a slice with no ready endpoint names no port."""
+    found = example()
+    slices = _Slices([
+        {"ports": [{"name": "http", "port": 8081, "protocol": "TCP"}],
+         "endpoints": [endpoint("gated-a", ready=True), endpoint("gated-b", ready=False, terminating=True)]},
+        {"ports": [{"name": "http", "port": 8080, "protocol": "TCP"}], "endpoints": [endpoint("plain-a")]},
+        {"ports": [{"name": "http", "port": 9999, "protocol": "TCP"}], "endpoints": [endpoint("gone", ready=False)]},
+        {"ports": None, "endpoints": None},
+    ])  # fmt: skip
+    assert steps.service_endpoints(slices, found) == {8081: {"gated-a"}, 8080: {"plain-a"}}
+    pods = [{"metadata": {"name": "gated-a"}}]
+    assert steps.endpoints_on(slices, found, 8081, pods) is None  # plain-a still takes traffic on 8080
+    settled = _Slices(slices.items[:1])
+    assert steps.endpoints_on(settled, found, 8081, pods) == {8081: {"gated-a"}}
+    assert steps.endpoints_on(settled, found, 8080, pods) is None
+    availability = steps.Availability(settled, found)
+    availability.sample()
+    availability.check("a rollout")
+    availability.kube = _Slices([])
+    availability.sample()
+    with pytest.raises(AssertionError, match="no ready endpoint at 1 of 2 polls"):
+        availability.check("a rollout")
 
 
 def test_burst_returns_every_reply_with_headers_and_errors_as_replies(fake_gate: str) -> None:

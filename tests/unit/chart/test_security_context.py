@@ -22,7 +22,7 @@ from slogate_operator.injection import SidecarConfig, injected_template
 
 SIDECAR = SidecarConfig(
     policy="smollm2", image="ghcr.io/slogate/slogate:0.1.0", port=8081, admin_port=8082,
-    upstream_port=8080, prompt_counting="tokenize", token_secret="slogate-admin-token",
+    upstream_port=8080, prompt_counting="tokenize", token_secret="slogate-admin-token", llama_container="llama",
 )  # fmt: skip
 POLICY = builders.PolicyRef(name="smollm2", namespace="llm", uid="0f0e0d0c-0000-4000-8000-000000000001")
 
@@ -86,6 +86,11 @@ def test_injected_sidecar_runs_restricted_whatever_the_target(target: str) -> No
     (sidecar,) = added
     assert violations(sidecar, spec) == []
     assert violations(sidecar, {}) == []  # not borrowed from the pod
+    # The llama.cpp container loses its port's name to the sidecar, nothing of its security.
+    (llama,) = [c for c in spec["containers"] if c["name"] == "llama"]
+    (before_llama,) = [c for c in original["containers"] if c["name"] == "llama"]
+    assert llama.get("securityContext") == before_llama.get("securityContext")
+    assert spec.get("securityContext") == original.get("securityContext")
     # A read-only root needs somewhere to write: /tmp is an emptyDir.
     assert any(m["mountPath"] == "/tmp" for m in sidecar["volumeMounts"])
 

@@ -76,7 +76,9 @@ def test_job_runs_the_target_container_as_native_sidecar_and_the_calibrator_as_m
     assert server["restartPolicy"] == "Always"  # native sidecar: stopped when the main container exits
     for field in ("image", "args", "resources", "volumeMounts"):
         assert server[field] == original[field], field  # the real thing is measured
-    assert server["startupProbe"]["httpGet"] == {"path": "/health", "port": 8080}
+    # No probe: the kubelet probes the pod IP, and llama-server may listen on loopback only;
+    # the calibrator waits for /health over loopback, within what the deadline leaves.
+    assert not any(probe in server for probe in ("startupProbe", "readinessProbe", "livenessProbe"))
     # The model-copying init container runs first, so the model is there when the server starts.
     assert [c["name"] for c in pod["initContainers"]] == ["model", "llama"]
     (calibrator,) = pod["containers"]
@@ -85,6 +87,7 @@ def test_job_runs_the_target_container_as_native_sidecar_and_the_calibrator_as_m
     assert args[:3] == ["calibrate", "--upstream", "http://127.0.0.1:8080"]
     assert args[args.index("--model") + 1] == "/model/SmolLM2-135M-Instruct.Q4_1.gguf"
     assert args[args.index("--budget-seconds") + 1] == "90"
+    assert args[args.index("--wait-seconds") + 1] == "210"  # timeoutSeconds 300 - budget 90
     assert "-t 2 -np 4 -c 8192" in args[args.index("--server-args") + 1]
     assert calibrator["terminationMessagePolicy"] == "FallbackToLogsOnError"
     *model_mounts, tmp = calibrator["volumeMounts"]
@@ -135,6 +138,33 @@ def test_job_copies_scheduling_and_drops_the_targets_probes() -> None:
     valid(job)
 
 
+def test_job_declares_every_volume_its_copied_containers_mount() -> None:
+    """A feeding init container's own Secret (an HF token) comes along: else the API server says 422."""
+    dep = deployment()
+    spec = dep["spec"]["template"]["spec"]
+    spec["initContainers"][0]["volumeMounts"].append({"name": "hf-token", "mountPath": "/secrets", "readOnly": True})
+    spec["volumes"].append({"name": "hf-token", "secret": {"secretName": "hf"}})
+    spec["volumes"].append({"name": "unrelated", "emptyDir": {}})
+    pod = job_for(dep)["spec"]["template"]["spec"]
+    declared = {v["name"] for v in pod["volumes"]}
+    mounted = {m["name"] for c in [*pod["initContainers"], *pod["containers"]] for m in c.get("volumeMounts", [])}
+    assert mounted <= declared
+    assert "hf-token" in declared
+    assert "unrelated" not in declared
+
+
+def test_job_keeps_node_affinity_and_drops_the_apps_pod_anti_affinity() -> None:
+    dep = deployment()
+    node_affinity = {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+        {"matchExpressions": [{"key": "cpu", "operator": "In", "values": ["avx512"]}]}]}}  # fmt: skip
+    anti = {"requiredDuringSchedulingIgnoredDuringExecution": [
+        {"labelSelector": {"matchLabels": {"app": "smollm2"}}, "topologyKey": "kubernetes.io/hostname"}]}  # fmt: skip
+    dep["spec"]["template"]["spec"]["affinity"] = {"nodeAffinity": node_affinity, "podAntiAffinity": anti}
+    pod = job_for(dep)["spec"]["template"]["spec"]
+    assert pod["affinity"] == {"nodeAffinity": node_affinity}
+    valid(job_for(dep))
+
+
 # ------------------------------------------------------------------------------ injection
 
 
@@ -151,8 +181,10 @@ def test_injected_deployment_is_valid_and_carries_the_sidecar() -> None:
     assert [c["name"] for c in spec["containers"]] == ["llama", names.SIDECAR_CONTAINER]
     sidecar = spec["containers"][1]
     assert sidecar["args"][:3] == ["sidecar", "--upstream", "http://127.0.0.1:8080"]
-    assert {p["name"]: p["containerPort"] for p in sidecar["ports"]} == {"slogate": 8081, "slogate-admin": 8082}
-    assert sidecar["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "slogate"}
+    # The llama.cpp port's name goes to the gate (the Service targets it); the number stays.
+    assert {p["name"]: p["containerPort"] for p in sidecar["ports"]} == {"http": 8081, "slogate-admin": 8082}
+    assert spec["containers"][0]["ports"] == [{"containerPort": 8080}]
+    assert sidecar["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": 8081}
     assert sidecar["securityContext"]["readOnlyRootFilesystem"] is True
     volumes = {v["name"]: v for v in spec["volumes"]}
     assert volumes[names.THRESHOLDS_VOLUME]["configMap"] == {"name": "smollm2-thresholds", "optional": True}
@@ -177,6 +209,59 @@ def test_injection_is_idempotent_and_removal_restores_the_original() -> None:
         patched(round_trip, removed_template(round_trip["spec"]["template"]))["spec"]["template"]
         == bare["spec"]["template"]
     )
+
+
+def test_a_port_without_a_name_keeps_the_sidecar_port_named_slogate() -> None:
+    dep = deployment()
+    del dep["spec"]["template"]["spec"]["containers"][0]["ports"][0]["name"]
+    after = patched(dep, injected_template(dep["spec"]["template"], config()))
+    sidecar = after["spec"]["template"]["spec"]["containers"][1]
+    assert sidecar["ports"][0]["name"] == names.CLIENT_PORT_NAME
+    assert patched(after, removed_template(after["spec"]["template"]))["spec"]["template"] == dep["spec"]["template"]
+
+
+def test_the_llama_probes_naming_the_handed_over_port_name_the_number_and_get_the_name_back() -> None:
+    dep = deployment()
+    llama = dep["spec"]["template"]["spec"]["containers"][0]
+    llama["readinessProbe"] = {"httpGet": {"path": "/health", "port": "http"}}
+    llama["livenessProbe"] = {"tcpSocket": {"port": 8080}}
+    after = patched(dep, injected_template(dep["spec"]["template"], config()))
+    injected = after["spec"]["template"]["spec"]["containers"][0]
+    assert injected["readinessProbe"]["httpGet"]["port"] == 8080
+    assert injected["livenessProbe"]["tcpSocket"]["port"] == 8080
+    removed = patched(after, removed_template(after["spec"]["template"]))
+    assert removed["spec"]["template"] == dep["spec"]["template"]
+
+
+def test_removal_takes_out_only_what_the_injection_recorded() -> None:
+    """A user's own container or volume that shares our names is never touched."""
+    dep = deployment()
+    spec = dep["spec"]["template"]["spec"]
+    spec["containers"].append({"name": names.SIDECAR_CONTAINER, "image": "mine:1"})
+    spec["volumes"].append({"name": names.TMP_VOLUME, "emptyDir": {}})
+    assert removed_template(dep["spec"]["template"]) == dep["spec"]["template"]  # nothing was injected
+    with pytest.raises(TargetClaimedError, match="container of its own"):
+        injected_template(dep["spec"]["template"], config())
+
+
+def test_a_template_stored_with_server_defaults_needs_no_patch() -> None:
+    """The API server adds defaults the operator never writes: still the same template."""
+    dep = deployment()
+    once = patched(dep, injected_template(dep["spec"]["template"], config(resources={"requests": {"cpu": "0.5"}})))
+    stored = copy.deepcopy(once)
+    sidecar = stored["spec"]["template"]["spec"]["containers"][1]
+    sidecar |= {"terminationMessagePath": "/dev/termination-log", "terminationMessagePolicy": "File"}
+    sidecar["resources"]["requests"]["cpu"] = "500m"  # the server's canonical form of 0.5
+    for probe in ("readinessProbe", "livenessProbe"):
+        sidecar[probe] |= {"timeoutSeconds": 1, "successThreshold": 1}
+        sidecar[probe]["httpGet"]["scheme"] = "HTTP"
+    for volume in stored["spec"]["template"]["spec"]["volumes"]:
+        if "configMap" in volume:
+            volume["configMap"]["defaultMode"] = 420
+    again = injected_template(stored["spec"]["template"], config(resources={"requests": {"cpu": "0.5"}}))
+    assert template_patch(stored, again) == []
+    moved = injected_template(stored["spec"]["template"], config(resources={"requests": {"cpu": "0.5"}}, port=9000))
+    assert template_patch(stored, moved) != []
 
 
 def test_patch_is_guarded_by_the_resource_version() -> None:

@@ -44,13 +44,17 @@ from slogate_operator.spec import parse_spec
 # ------------------------------------------------------------------------------ the main path
 
 
-def test_apply_injects_the_sidecar_and_starts_one_calibration(cluster: Cluster, operator: KopfRunner) -> None:
+def test_apply_claims_the_target_and_starts_one_calibration_before_injecting(
+    cluster: Cluster, operator: KopfRunner
+) -> None:
     cluster.create(DEPLOYMENTS, llama_deployment())
     cluster.create(POLICIES, admission_policy())
     (job,) = eventually(lambda: job_names(cluster), what="a calibration Job")
-    containers = cluster.get(DEPLOYMENTS, "smollm2")["spec"]["template"]["spec"]["containers"]
-    assert [c["name"] for c in containers] == ["llama", names.SIDECAR_CONTAINER]
-    assert cluster.get(CONFIGMAPS, "smollm2-thresholds") is not None  # mountable before the first thresholds
+    deployment = cluster.get(DEPLOYMENTS, "smollm2")
+    assert deployment["metadata"]["annotations"][names.ANNOTATION_CLAIM] == "smollm2"
+    containers = deployment["spec"]["template"]["spec"]["containers"]
+    assert [c["name"] for c in containers] == ["llama"]  # the gate comes with the first thresholds
+    assert cluster.get(CONFIGMAPS, "smollm2-thresholds") is not None
     assert cluster.get(SECRETS, "slogate-admin-token")["metadata"]["ownerReferences"][0]["name"] == "smollm2"
     found = eventually(
         lambda: (p := policy(cluster)) and condition(p, "Calibrated").get("reason") == "Calibrating" and p
@@ -58,8 +62,11 @@ def test_apply_injects_the_sidecar_and_starts_one_calibration(cluster: Cluster, 
     assert found["status"]["calibrating"]["job"] == job
     assert status_of(cluster, "Ready") == "False"
     assert_status_fits_the_crd(found)
-    assert {e["reason"] for e in cluster.list(EVENTS)} >= {"SidecarInjected", "CalibrationStarted"}
+    assert {e["reason"] for e in cluster.list(EVENTS)} >= {"CalibrationStarted"}
     assert len(cluster.calls("POST", "jobs")) == 1
+    cluster.complete_job(job, compact_json(smollm2_profile()))
+    eventually(lambda: len(cluster.get(DEPLOYMENTS, "smollm2")["spec"]["template"]["spec"]["containers"]) == 2)
+    eventually(lambda: {e["reason"] for e in cluster.list(EVENTS)} >= {"SidecarInjected"})
 
 
 def test_a_completed_calibration_puts_derived_thresholds_in_configmap_and_status(
@@ -184,8 +191,11 @@ def test_a_policy_change_rederives_without_measuring_again(cluster: Cluster, ope
 
 
 def test_deleting_the_policy_takes_the_sidecar_out(cluster: Cluster, operator: KopfRunner) -> None:
-    original = llama_deployment()["spec"]["template"]
+    cluster.create(DEPLOYMENTS, llama_deployment())
+    original = cluster.get(DEPLOYMENTS, "smollm2")["spec"]["template"]  # as the API server stored it
+    cluster.delete(DEPLOYMENTS, "smollm2")
     apply_and_calibrate(cluster)
+    eventually(lambda: len(cluster.get(DEPLOYMENTS, "smollm2")["spec"]["template"]["spec"]["containers"]) == 2)
     cluster.delete(POLICIES, "smollm2")
     eventually(lambda: cluster.get(POLICIES, "smollm2") is None, what="the finalizer released")
     template = cluster.get(DEPLOYMENTS, "smollm2")["spec"]["template"]
@@ -202,9 +212,9 @@ def test_a_selector_gates_every_matching_deployment_and_lets_go_of_others(
     cluster.create(POLICIES, {**admission_policy("zones"), "spec": {"selector": {"matchLabels": {"model": "smollm2"}},
                                                                      "slo": {"ttftSeconds": 2}}})  # fmt: skip
     (job,) = eventually(lambda: job_names(cluster))  # same container: one calibration for both
+    cluster.complete_job(job, compact_json(smollm2_profile()))
     for name in ("zone-a", "zone-b"):
         eventually(lambda n=name: len(cluster.get(DEPLOYMENTS, n)["spec"]["template"]["spec"]["containers"]) == 2)
-    cluster.complete_job(job, compact_json(smollm2_profile()))
     eventually(lambda: status_of(cluster, "Ready", "zones") == "True")
     assert policy(cluster, "zones")["status"]["targets"] == ["zone-a", "zone-b"]
     cluster.patch(DEPLOYMENTS, "zone-b", {"metadata": {"labels": {"model": "other"}}})

@@ -1,0 +1,192 @@
+"""What the operator costs the API server and the sidecars, and that pushes never hold a pass.
+
+The figure in docs/operator.md ("Cost per pass") is this module's measurement:
+``make operator-cost`` (SLOGATE_WRITE_DOCS=1) rewrites it; otherwise the test fails when the
+code and the published figure disagree. Passes are triggered one at a time (the resync is
+an hour), so the counts are exact, not averages of a noisy run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import json
+import os
+import re
+import socket
+import threading
+import time
+from collections import Counter
+from collections.abc import Iterator
+from typing import Any
+
+import aiohttp.web
+import pytest
+from operator_flows import apply_and_calibrate, status_of
+
+from builders import smollm2_profile
+from operator_harness import (
+    DEPLOYMENTS,
+    POLICIES,
+    ROOT,
+    Cluster,
+    admission_policy,
+    eventually,
+    job_names,
+    llama_deployment,
+    passes,
+    running_operator,
+)
+from slogate_calibration.output import compact_json
+
+DOC = ROOT / "docs" / "operator.md"
+BEGIN, END = "<!-- operator-cost:begin -->", "<!-- operator-cost:end -->"
+QUIET = {"RESYNC_SECONDS": "3600"}
+
+
+def quiet(cluster: Cluster, polls: int = 10) -> None:
+    """Wait until the operator has made no API call for ``polls`` polls in a row (a wait, not a check)."""
+    seen, still = -1, 0
+    while still < polls:
+        time.sleep(0.1)
+        now = cluster.call_mark()
+        seen, still = now, (still + 1 if now == seen else 0)
+
+
+class CountingSidecars:
+    """Sidecar admin APIs on 127.0.0.x: they take a push and say what they serve; every request counted."""
+
+    def __init__(self, cluster: Cluster, count: int, *, hang: bool = False) -> None:
+        self.cluster, self.hang = cluster, hang
+        self.port = _free_port()
+        self.requests: Counter[str] = Counter()
+        self.open = 0
+        self.release = threading.Event()
+        self.served: dict[str, Any] = {}
+        self.ips = [f"127.0.0.{10 + i}" for i in range(count)]
+        self._runners = [cluster.loop.run(self._start(ip)) for ip in self.ips]
+
+    async def _start(self, ip: str) -> aiohttp.web.AppRunner:
+        app = aiohttp.web.Application()
+        app.router.add_get("/slogate/v1/state", functools.partial(self._answer, ip))
+        app.router.add_put("/slogate/v1/thresholds", functools.partial(self._answer, ip))
+        runner = aiohttp.web.AppRunner(app)
+        await runner.setup()
+        await aiohttp.web.TCPSite(runner, ip, self.port).start()
+        return runner
+
+    async def _answer(self, ip: str, request: aiohttp.web.Request) -> aiohttp.web.Response:
+        self.requests[request.method] += 1
+        if self.hang:  # accepted, never answered: what a frozen pod does to the operator
+            self.open += 1
+            try:
+                while not self.release.is_set():
+                    await asyncio.sleep(0.05)
+            finally:
+                self.open -= 1
+        if request.method == "PUT":
+            self.served[ip] = json.loads(await request.read())
+        return aiohttp.web.json_response({"thresholds": self.served.get(ip)})
+
+    def close(self) -> None:
+        self.release.set()
+        for runner in self._runners:
+            self.cluster.loop.run(runner.cleanup())
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+@pytest.fixture
+def quiet_operator(cluster: Cluster) -> Iterator[None]:
+    with running_operator(cluster, **QUIET):
+        yield
+
+
+def one_pass(cluster: Cluster, name: str = "smollm2") -> Counter[tuple[str, str]]:
+    """Trigger exactly one pass (a label on its Deployment) and return the operator's API calls in it."""
+    quiet(cluster)
+    before, mark = passes(name), cluster.call_mark()
+    stamp = str(time.monotonic_ns())
+    cluster.patch(DEPLOYMENTS, name, {"metadata": {"labels": {"test.slogate.dev/poke": stamp}}})
+    eventually(lambda: passes(name) > before, what="the triggered pass")
+    quiet(cluster)
+    assert passes(name) == before + 1
+    return cluster.api_calls(since=mark)
+
+
+def measure(cluster: Cluster, name: str, pods: int) -> tuple[Counter[tuple[str, str]], Counter[str]]:
+    """A policy Ready with ``pods`` running sidecars: the calls of one steady pass, API and sidecar."""
+    fleet = CountingSidecars(cluster, pods)
+    try:
+        cluster.create(DEPLOYMENTS, llama_deployment(name))
+        cluster.create(POLICIES, admission_policy(name, sidecar={"adminPort": fleet.port}))
+        (job,) = eventually(lambda: [j for j in job_names(cluster) if j.startswith(f"{name}-cal-")])
+        cluster.complete_job(job, compact_json(smollm2_profile()))
+        eventually(lambda: status_of(cluster, "Ready", name) == "True", what=f"{name} Ready")
+        cluster.run_pods(name, fleet.ips)
+        eventually(lambda: (cluster.get(POLICIES, name).get("status") or {}).get("pushed") == f"{pods}/{pods}")
+        quiet(cluster)
+        fleet.requests.clear()
+        calls = one_pass(cluster, name)
+        return calls, Counter(fleet.requests)
+    finally:
+        fleet.close()
+
+
+def figure(rows: list[tuple[int, Counter[tuple[str, str]], Counter[str]]]) -> str:
+    lines = ["| running pods | API calls in one steady pass | requests to sidecars in it |", "| --- | --- | --- |"]
+    for pods, calls, sidecar in rows:
+        api = ", ".join(f"{verb} {resource} x{n}" for (verb, resource), n in sorted(calls.items()))
+        lines.append(f"| {pods} | {sum(calls.values())}: {api} | {sum(sidecar.values())} |")
+    return "\n".join(lines)
+
+
+def test_a_steady_pass_costs_the_same_for_one_pod_and_twenty(cluster: Cluster, quiet_operator: None) -> None:
+    one = measure(cluster, "one", 1)
+    twenty = measure(cluster, "twenty", 20)
+    assert one[0] == twenty[0]  # API calls do not grow with the pods
+    assert one[1] == twenty[1] == Counter()  # sidecars that acknowledged are not asked again
+    table = figure([(1, *one), (20, *twenty)])
+    text = DOC.read_text()
+    if os.environ.get("SLOGATE_WRITE_DOCS"):
+        DOC.write_text(re.sub(f"{BEGIN}.*?{END}", f"{BEGIN}\n{table}\n{END}", text, flags=re.S))
+    assert f"{BEGIN}\n{table}\n{END}" in DOC.read_text(), f"docs/operator.md is stale; measured:\n{table}"
+
+
+def test_a_status_write_wakes_no_policy_and_a_change_wakes_only_its_own(cluster: Cluster, quiet_operator: None) -> None:
+    for name in ("alpha", "beta"):
+        cluster.create(DEPLOYMENTS, llama_deployment(name))
+        cluster.create(POLICIES, admission_policy(name))
+    eventually(lambda: len(job_names(cluster)) == 2, what="a Job each")
+    quiet(cluster)
+    alpha, beta = passes("alpha"), passes("beta")
+    for _ in range(5):  # the Deployment controller, every few seconds on a real cluster
+        cluster.write_deployment_status("alpha")
+    quiet(cluster)
+    assert (passes("alpha"), passes("beta")) == (alpha, beta)
+    cluster.patch(DEPLOYMENTS, "alpha", {"metadata": {"labels": {"team": "ml"}}})
+    eventually(lambda: passes("alpha") > alpha, what="alpha's pass")
+    quiet(cluster)
+    assert passes("beta") == beta
+
+
+def test_pushes_to_frozen_sidecars_never_hold_the_pass(cluster: Cluster) -> None:
+    """20 sidecars that accept and never answer: a rollout is still calibrated at once."""
+    fleet = CountingSidecars(cluster, 20, hang=True)
+    try:
+        with running_operator(cluster, PUSH_TIMEOUT_SECONDS="60", **QUIET):
+            first = apply_and_calibrate(cluster, sidecar={"adminPort": fleet.port})
+            cluster.run_pods("smollm2", fleet.ips)
+            eventually(lambda: fleet.open >= 16, what=f"a push round under way (16 at once): {fleet.requests}")
+            containers = cluster.get(DEPLOYMENTS, "smollm2")["spec"]["template"]["spec"]["containers"]
+            containers[0]["args"] = [*containers[0]["args"], "-b", "512"]
+            cluster.patch(DEPLOYMENTS, "smollm2", {"spec": {"template": {"spec": {"containers": containers}}}})
+            eventually(lambda: [j for j in job_names(cluster) if j != first], what="the rollout's Job")
+            assert fleet.open >= 16  # the round is still hanging: the pass did not wait for it
+            assert status_of(cluster, "ThresholdsPushed") == "False"
+    finally:
+        fleet.close()
