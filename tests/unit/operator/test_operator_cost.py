@@ -38,6 +38,7 @@ from operator_harness import (
     running_operator,
 )
 from slogate_calibration.output import compact_json
+from slogate_operator import names
 
 DOC = ROOT / "docs" / "operator.md"
 BEGIN, END = "<!-- operator-cost:begin -->", "<!-- operator-cost:end -->"
@@ -190,3 +191,18 @@ def test_pushes_to_frozen_sidecars_never_hold_the_pass(cluster: Cluster) -> None
             assert status_of(cluster, "ThresholdsPushed") == "False"
     finally:
         fleet.close()
+
+
+def test_a_restarted_operator_spreads_its_first_passes(cluster: Cluster) -> None:
+    """Each policy's first pass waits a random share of the jitter, and a wake-up does not cut it
+    short (kopf's first listing pokes every policy at once)."""
+    cluster.create(DEPLOYMENTS, llama_deployment())
+    cluster.create(POLICIES, admission_policy())
+    before = passes("smollm2")  # the metrics registry lives as long as the test process
+    with running_operator(cluster, STARTUP_JITTER_SECONDS="3600", **QUIET):
+        finalizer = f"{names.GROUP}/operator"
+        eventually(lambda: finalizer in (cluster.get(POLICIES, "smollm2")["metadata"].get("finalizers") or []))
+        cluster.patch(DEPLOYMENTS, "smollm2", {"metadata": {"labels": {"team": "ml"}}})  # a wake-up
+        quiet(cluster)
+        assert passes("smollm2") == before
+        assert job_names(cluster) == []
