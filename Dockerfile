@@ -5,7 +5,11 @@
 # Non-root (65532), and nothing is written outside /tmp, so it runs with
 # readOnlyRootFilesystem: true and an emptyDir on /tmp.
 #
-#   docker build -t slogate:dev .
+# No registry publishes this image: build it. `slogate:0.1.0` is the name the chart and the
+# operator default to (load it into kind, or push it and set image.repository:
+# docs/install.md). SOURCE_URL, if given, becomes the org.opencontainers.image.source label.
+#
+#   docker build -t slogate:0.1.0 .
 
 ARG PYTHON_IMAGE=python:3.11-slim-bookworm
 
@@ -32,13 +36,15 @@ RUN /opt/slogate/bin/pip install --no-deps . \
  && /opt/slogate/bin/python -m compileall -q /opt/slogate/lib
 
 FROM ${PYTHON_IMAGE}
+ARG SOURCE_URL=""
 LABEL org.opencontainers.image.title="slogate" \
       org.opencontainers.image.description="SLO-derived admission control for llama.cpp: operator, sidecar, calibrator" \
       org.opencontainers.image.licenses="Apache-2.0" \
-      org.opencontainers.image.source="https://github.com/slogate/slogate"
+      org.opencontainers.image.source="${SOURCE_URL}"
 RUN groupadd --system --gid 65532 slogate \
  && useradd --system --uid 65532 --gid 65532 --home-dir /tmp --no-create-home --shell /usr/sbin/nologin slogate
 COPY --from=build /opt/slogate /opt/slogate
+COPY LICENSE /usr/share/doc/slogate/LICENSE
 # Everything that might want a writable home or cache points into /tmp (an emptyDir in
 # the pod); Python writes no .pyc files at run time.
 ENV PATH=/opt/slogate/bin:$PATH \

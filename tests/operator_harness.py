@@ -440,7 +440,7 @@ def llama_deployment(
                 "metadata": {"labels": dict(match)},
                 "spec": {
                     "initContainers": [{
-                        "name": "model", "image": "ghcr.io/slogate/smollm2-gguf:0.1.2",
+                        "name": "model", "image": "smollm2-gguf:0.1.2",
                         "command": ["cp", "/models/SmolLM2-135M-Instruct.Q4_1.gguf", "/model/"],
                         "volumeMounts": [{"name": "model", "mountPath": "/model"}],
                     }],

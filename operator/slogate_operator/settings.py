@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 ENV_PREFIX = "SLOGATE_OPERATOR_"
-DEFAULT_IMAGE = "ghcr.io/slogate/slogate:0.1.0"
+DEFAULT_IMAGE = "slogate:0.1.0"
 
 
 class SettingsError(ValueError):

@@ -9,7 +9,22 @@ Annotations are Prometheus templates, kept away from Helm inside {{` ... `}}.
 {{- define "slogate.alertAnnotations" -}}
 summary: {{ .summary | quote }}
 description: {{ .description | quote }}
-runbook_url: {{ printf "%s#%s" (trimSuffix "/" .root.Values.alerts.runbookBaseUrl) (lower .name) | quote }}
+runbook_url: {{ printf "%s#%s" (include "slogate.runbooksPage" .root) (lower .name) | quote }}
+{{- end }}
+
+{{/*
+The runbooks page every runbook_url points into: alerts.runbookBaseUrl when set (your own
+copy), else docs/runbooks.md under docs.baseURL, else the bare path docs/runbooks.md (no
+project site is published: a file of the slogate source, with no host that pretends one).
+*/}}
+{{- define "slogate.runbooksPage" -}}
+{{- if .Values.alerts.runbookBaseUrl -}}
+{{- trimSuffix "/" .Values.alerts.runbookBaseUrl -}}
+{{- else if .Values.docs.baseURL -}}
+{{- printf "%s/docs/runbooks.md" (trimSuffix "/" .Values.docs.baseURL) -}}
+{{- else -}}
+docs/runbooks.md
+{{- end -}}
 {{- end }}
 
 {{- define "slogate.alertLabels" -}}

@@ -14,7 +14,17 @@ from typing import Any
 import helm_python
 import pytest
 import yaml
-from chart_tools import CHART, CI_VALUES, REPO, alerts_by_name, load_values, render, rule_groups, run_promtool
+from chart_tools import (
+    CHART,
+    CI_VALUES,
+    REPO,
+    alerts_by_name,
+    load_values,
+    render,
+    render_files,
+    rule_groups,
+    run_promtool,
+)
 from sidecar_exposition import unknown_references
 
 UNIT_TESTS = Path(__file__).with_name("alerts.test.yaml")
@@ -118,9 +128,41 @@ def test_every_alert_carries_summary_description_severity_and_a_runbook_section(
         assert all(annotations[k].strip() for k in annotations), name
         assert rule["labels"]["severity"] in {"warning", "critical"}, name
         url, anchor = annotations["runbook_url"].split("#")
-        assert url == "https://github.com/slogate/slogate/blob/main/docs/runbooks.md"
+        # No docs.baseURL by default: the path of the runbooks in the slogate source, no host.
+        assert url == "docs/runbooks.md"
         assert anchor == name.lower()
         assert anchor in sections, f"docs/runbooks.md has no section '## {name}'"
+
+
+def runbook_urls(values: dict[str, Any]) -> set[str]:
+    """Each alert's runbook_url with its own anchor taken off (one page for all)."""
+    pages = set()
+    for name, rule in alerts_by_name(rule_groups(values)).items():
+        page, _, anchor = rule["annotations"]["runbook_url"].partition("#")
+        assert anchor == name.lower(), rule["annotations"]["runbook_url"]
+        pages.add(page)
+    return pages
+
+
+def test_runbook_urls_are_made_from_docs_base_url_and_pretend_no_host_without_it() -> None:
+    assert runbook_urls({}) == {"docs/runbooks.md"}
+    fork = "https://git.example.com/team/slogate/blob/main"
+    assert runbook_urls({"docs": {"baseURL": fork}}) == {f"{fork}/docs/runbooks.md"}
+    assert runbook_urls({"docs": {"baseURL": fork + "/"}}) == {f"{fork}/docs/runbooks.md"}
+    # A page of your own (a wiki copy of the runbooks) wins over docs.baseURL.
+    wiki = {"docs": {"baseURL": fork}, "alerts": {"runbookBaseUrl": "https://wiki.example.com/slogate-runbooks"}}
+    assert runbook_urls(wiki) == {"https://wiki.example.com/slogate-runbooks"}
+    # Nothing in the chart names a host of its own.
+    rendered = "\n".join(render_files().values()) + (CHART / "Chart.yaml").read_text()
+    assert "http" not in "".join(re.findall(r"runbook_url: .*", rendered))
+    assert "github.com" not in rendered
+
+
+@pytest.mark.parametrize("url", ["github.com/me/slogate", "https://x.example.com/a#b", "https://x.example.com/a b"])
+def test_the_schema_refuses_a_base_url_that_would_make_broken_links(url: str) -> None:
+    for values in ({"docs": {"baseURL": url}}, {"alerts": {"runbookBaseUrl": url}}):
+        with pytest.raises(helm_python.HelmError, match="schema"):
+            render(values)
 
 
 @pytest.mark.parametrize("key", sorted(ALERTS))

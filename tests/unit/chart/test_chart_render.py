@@ -6,9 +6,13 @@ from typing import Any
 
 import helm_python
 import pytest
+import yaml
 from chart_tools import CHART, CI_VALUES, NAMESPACE, Rendered, load_values, notes, one, render
 
+from slogate_operator import settings
 from slogate_operator.rbac import PERMISSIONS
+
+CHART_META = yaml.safe_load((CHART / "Chart.yaml").read_text())
 
 RESTRICTED = {
     "runAsNonRoot": True,
@@ -75,12 +79,15 @@ def test_operator_runs_two_peered_replicas_with_its_settings_in_the_environment(
     assert deployment["spec"]["replicas"] == 2
     pod = deployment["spec"]["template"]["spec"]
     (container,) = pod["containers"]
-    assert container["image"] == "ghcr.io/slogate/slogate:0.1.0"
+    # The local name `docker build -t slogate:0.1.0 .` gives (docs/install.md): no registry
+    # publishes slogate's image, so no default pretends one does. The operator's own default
+    # (a sidecar image when run outside the chart) is the same.
+    assert container["image"] == f"slogate:{CHART_META['appVersion']}" == settings.DEFAULT_IMAGE
     assert container["args"][0] == "operator"
     env = {e["name"]: e.get("value") for e in container["env"]}
     assert env["SLOGATE_OPERATOR_PEERING"] == "slogate"
     assert env["SLOGATE_OPERATOR_NAMESPACES"] == ""  # cluster-wide
-    assert env["SLOGATE_OPERATOR_IMAGE"] == "ghcr.io/slogate/slogate:0.1.0"
+    assert env["SLOGATE_OPERATOR_IMAGE"] == settings.DEFAULT_IMAGE
     assert env["SLOGATE_OPERATOR_ADMIN_TOKEN_SECRET"] == "slogate-admin-token"
     assert pod["serviceAccountName"] == one(objects, "ServiceAccount").name
     # The peering object the replicas share exists, cluster-scoped for a cluster-wide operator.

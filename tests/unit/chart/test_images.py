@@ -7,9 +7,13 @@ import re
 import subprocess
 import sys
 
-from chart_tools import REPO, one, render
+import yaml
+from chart_tools import CHART, REPO, load_values, notes, one, render
+
+from slogate_operator import settings
 
 DOCKERFILE = (REPO / "Dockerfile").read_text()
+MODEL_DOCKERFILE = (REPO / "e2e" / "model.Dockerfile").read_text()
 
 
 def instructions(text: str) -> list[tuple[str, str]]:
@@ -77,3 +81,80 @@ def test_the_entrypoint_needs_only_runtime_dependencies() -> None:
                 "schemathesis", "mypy"}  # fmt: skip
     assert loaded & dev_only == set()
     assert {"kopf", "aiohttp", "pydantic", "prometheus_client"} <= loaded
+
+
+# ---------------------------------------------------------------- names: nothing pretends
+
+
+def example_images() -> list[str]:
+    example = yaml.safe_load_all((REPO / "examples" / "smollm2.yaml").read_text())
+    (deployment,) = [d for d in example if d and d["kind"] == "Deployment"]
+    pod = deployment["spec"]["template"]["spec"]
+    return [c["image"] for c in [*pod.get("initContainers", []), *pod["containers"]]]
+
+
+def test_every_default_image_of_ours_is_the_local_name_its_build_gives() -> None:
+    """No registry publishes slogate's images: the chart, the operator, the example and the
+    e2e suite default to the names `docker build` gives them here, which `kind load` puts on
+    a kind cluster and docs/install.md tells everyone else to push and set."""
+    app_version = yaml.safe_load((CHART / "Chart.yaml").read_text())["appVersion"]
+    assert load_values(CHART / "values.yaml")["image"]["repository"] == "slogate"
+    assert f"slogate:{app_version}" == settings.DEFAULT_IMAGE
+    assert load_values(REPO / "e2e" / "values.yaml")["image"]["repository"] == "slogate"
+    (model,) = [image for image in example_images() if "gguf" in image]
+    assert "/" not in model, "the model image is ours to build: a local name, as the slogate image"
+    (upstream,) = [image for image in example_images() if image != model]
+    assert upstream.startswith("ghcr.io/ggml-org/llama.cpp:"), "llama.cpp's own, published image"
+    builds = {
+        settings.DEFAULT_IMAGE: f"docker build -t {settings.DEFAULT_IMAGE} .",
+        model: f"docker build -t {model} -f e2e/model.Dockerfile e2e",
+    }
+    install = (REPO / "docs" / "install.md").read_text()
+    loads = [line.split() for line in install.splitlines() if line.startswith("kind load docker-image ")]
+    for image, build in builds.items():
+        assert build in install, build
+        assert any(image in load for load in loads), f"docs/install.md loads no {image} into kind"
+        assert f"docker push $REGISTRY/{image}" in install, image
+    assert builds[settings.DEFAULT_IMAGE] in DOCKERFILE
+    assert builds[model] in MODEL_DOCKERFILE
+
+
+def test_no_file_names_a_registry_or_repository_that_is_not_ours() -> None:
+    files = [
+        *(p for p in CHART.rglob("*") if p.is_file()),
+        REPO / "Dockerfile",
+        *(REPO / "e2e").glob("*.py"),
+        *(REPO / "e2e").glob("*.yaml"),
+        REPO / "e2e" / "model.Dockerfile",
+        *(REPO / "examples").glob("*.yaml"),
+        *(REPO / "docs").glob("*.md"),
+        *(REPO / "operator" / "slogate_operator").glob("*.py"),
+        REPO / "README.md",
+    ]
+    for path in files:
+        text = path.read_text()
+        for pretended in ("ghcr.io/slogate", "github.com/slogate", "docker.io/slogate"):
+            assert pretended not in text, f"{path.relative_to(REPO)} names {pretended}"
+
+
+def test_the_notes_say_when_the_image_is_a_local_name() -> None:
+    local = notes()
+    assert "slogate:0.1.0 is a local name, which no registry serves" in local
+    assert "kind load docker-image slogate:0.1.0" in local
+    pushed = notes({"image": {"repository": "registry.example.com/team/slogate"}})
+    assert "Image: registry.example.com/team/slogate:0.1.0" in pushed
+    assert "local name" not in pushed
+    sidecar = notes(
+        {"image": {"repository": "registry.example.com/team/slogate"}, "operator": {"sidecarImage": "slogate:dev"}}
+    )
+    assert "slogate:dev is a local name" in sidecar
+    assert "set operator.sidecarImage" in sidecar
+
+
+def test_the_image_carries_the_license_pyproject_declares() -> None:
+    license_text = (REPO / "LICENSE").read_text()
+    assert license_text.split()[:4] == ["Apache", "License", "Version", "2.0,"]
+    assert "END OF TERMS AND CONDITIONS" in license_text
+    assert 'license = { text = "Apache-2.0" }' in (REPO / "pyproject.toml").read_text()
+    assert ("COPY", "LICENSE /usr/share/doc/slogate/LICENSE") in final_stage(DOCKERFILE)
+    assert 'org.opencontainers.image.licenses="Apache-2.0"' in DOCKERFILE

@@ -32,7 +32,7 @@ NAMESPACED = {
 }
 KUBERNETES_VERSIONS = ("1.29.0", "1.32.0", "1.35.0")
 SIDECAR = SidecarConfig(
-    policy="smollm2", image="ghcr.io/slogate/slogate:0.1.0", port=8081, admin_port=8082,
+    policy="smollm2", image="slogate:0.1.0", port=8081, admin_port=8082,
     upstream_port=8080, prompt_counting="tokenize", token_secret="slogate-admin-token", llama_container="llama",
 )  # fmt: skip
 DEFAULT_CLIENT_PORTS = ["http", "slogate"]

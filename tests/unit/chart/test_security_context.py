@@ -21,7 +21,7 @@ from slogate_operator.fingerprint import container_fingerprint, llama_container
 from slogate_operator.injection import SidecarConfig, injected_template
 
 SIDECAR = SidecarConfig(
-    policy="smollm2", image="ghcr.io/slogate/slogate:0.1.0", port=8081, admin_port=8082,
+    policy="smollm2", image="slogate:0.1.0", port=8081, admin_port=8082,
     upstream_port=8080, prompt_counting="tokenize", token_secret="slogate-admin-token", llama_container="llama",
 )  # fmt: skip
 POLICY = builders.PolicyRef(name="smollm2", namespace="llm", uid="0f0e0d0c-0000-4000-8000-000000000001")
@@ -55,7 +55,7 @@ def calibration_pod(deployment: dict[str, Any]) -> dict[str, Any]:
     llama = llama_container(deployment["spec"]["template"]["spec"], None)
     request = builders.CalibrationRequest(
         policy=POLICY, deployment=deployment["metadata"]["name"], llama=llama,
-        container_fingerprint=container_fingerprint(llama), image="ghcr.io/slogate/slogate:0.1.0",
+        container_fingerprint=container_fingerprint(llama), image="slogate:0.1.0",
         timeout_seconds=300, budget_seconds=90, ttl_seconds=3600,
     )  # fmt: skip
     pod: dict[str, Any] = builders.calibration_job(request)["spec"]["template"]["spec"]

@@ -44,7 +44,7 @@ def job_for(dep: dict[str, Any], **overrides: Any) -> dict[str, Any]:
     llama = llama_container(dep["spec"]["template"]["spec"], None)
     request = builders.CalibrationRequest(
         policy=POLICY, deployment=dep["metadata"]["name"], llama=llama,
-        container_fingerprint=container_fingerprint(llama), image="ghcr.io/slogate/slogate:0.1.0",
+        container_fingerprint=container_fingerprint(llama), image="slogate:0.1.0",
         timeout_seconds=300, budget_seconds=90, ttl_seconds=3600,
     )  # fmt: skip
     for key, value in overrides.items():
@@ -54,7 +54,7 @@ def job_for(dep: dict[str, Any], **overrides: Any) -> dict[str, Any]:
 
 def config(**overrides: Any) -> SidecarConfig:
     values: dict[str, Any] = {
-        "policy": "smollm2", "image": "ghcr.io/slogate/slogate:0.1.0", "port": 8081, "admin_port": 8082,
+        "policy": "smollm2", "image": "slogate:0.1.0", "port": 8081, "admin_port": 8082,
         "upstream_port": 8080, "prompt_counting": "tokenize", "token_secret": "slogate-admin-token",
     }  # fmt: skip
     return SidecarConfig(**(values | overrides))
