@@ -22,7 +22,6 @@ import base64
 import contextlib
 import json
 import os
-import socket
 import threading
 import time
 import urllib.error
@@ -40,6 +39,7 @@ from kopf.testing import KopfRunner
 
 from kube_emulation import RBAC_AGENTS, ClusterEmulator, Fault, RandomFaults, Refused, now
 from kube_rules import KubeletProblem, rbac_verb
+from ports import free_ports
 from slogate_operator import metrics, names
 from slogate_sidecar.app import build_sidecar, running
 from slogate_sidecar.settings import SidecarSettings
@@ -420,9 +420,8 @@ class SidecarFleet:
 
 
 def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
+    (port,) = free_ports()
+    return port
 
 
 def llama_deployment(

@@ -27,6 +27,15 @@ DEFAULT_REFERENCE_PROMPT_TOKENS = 512
 lengths; the rate at a mid-size prompt is conservative for short ones and honest
 for typical chat turns. The sidecar replaces it with the live measured rate."""
 
+MIN_USEFUL_PROMPT_TOKENS = 32
+"""The smallest prompt worth serving: a one-line question inside a chat template
+(ChatML's markers alone are about 10 tokens, SmolLM2's default system prompt about 20
+more). A class whose TTFT budget an idle server cannot meet for it would admit
+nothing useful, so derivation refuses it, naming T_prefill(32) as the smallest SLO the
+calibration can meet. Budgets above that but below the reference prompt's prefill
+derive, with a warning (``reference_prompt_warnings``): longer prompts are then never
+admitted."""
+
 
 class DerivationError(ValueError):
     """The SLO cannot be met by the measured server at all, or the inputs contradict."""
@@ -52,6 +61,10 @@ def derive_thresholds(
 ) -> Thresholds:
     """Derive every threshold; raise DerivationError if the SLO is unattainable.
 
+    Unattainable: a class's TTFT budget is below T_prefill(MIN_USEFUL_PROMPT_TOKENS) (the
+    message names that smallest attainable SLO), the per-token SLO is beyond a lone
+    stream, or reserved slots leave a class none.
+
     - Queue rate R = n_ref / T_prefill(n_ref) (tokens/s).
     - Decode cap = largest B ≤ slots with t_1 · f(B) ≤ TPOT SLO.
     - Concurrency cap = min(policy max, slots, decode cap).
@@ -70,6 +83,8 @@ def derive_thresholds(
     per_request_max = min(profile.kv.per_request_max_tokens, profile.kv.capacity_tokens)
     n_ref = max(1, min(reference_prompt_tokens, per_request_max // 2))
     rate = prefill.tokens_per_second(n_ref)
+    n_min = max(1, min(MIN_USEFUL_PROMPT_TOKENS, per_request_max))
+    floor_s = prefill.seconds(n_min)
 
     tpot = policy.slo.time_per_output_token_seconds
     decode_cap = slots if tpot is None else decode.max_streams_within(tpot, slots)
@@ -86,12 +101,14 @@ def derive_thresholds(
     budget_above = math.inf
     reserved_above = 0
     for cls in class_policies:
-        own_slo = cls.ttft_seconds if cls.ttft_seconds is not None else policy.slo.ttft_seconds
+        own_slo = policy.ttft_slo_of(cls)
         budget = min(own_slo, budget_above)
-        if budget <= prefill.intercept_s:
+        if budget < floor_s:
             raise DerivationError(
-                f"class {cls.name!r}: a TTFT budget of {budget} s is below the server's fixed "
-                f"prefill cost of {prefill.intercept_s:.3f} s; no request could be admitted"
+                f"class {cls.name!r}: a TTFT budget of {budget:g} s is below the {floor_s:.3f} s an idle "
+                f"server takes to prefill a {n_min}-token prompt, the smallest useful one (fixed prefill "
+                f"cost {prefill.intercept_s:.3f} s plus {n_min} tokens): the smallest TTFT SLO this "
+                f"calibration can meet is {_ceil_ms(floor_s):g} s"
             )
         class_cap = cap - reserved_above
         if class_cap < 1:
@@ -147,3 +164,45 @@ def derive_thresholds(
         reference_prompt_tokens=n_ref,
         reference_output_tokens=n_out_ref,
     )
+
+
+def _ceil_ms(seconds: float) -> float:
+    """Rounded up to the millisecond: a suggested SLO rounded down would still be refused."""
+    return math.ceil(seconds * 1000 - 1e-9) / 1000
+
+
+def longest_prompt_within(curve: PrefillCurve, seconds: float) -> int:
+    """The longest prompt an idle server prefills within ``seconds``: the largest n with
+    T_prefill(n) ≤ seconds (0 if none), the positive root of q·n² + l·n + (i − s) = 0."""
+    slack = seconds - curve.intercept_s
+    if slack <= 0:
+        return 0
+    q, lin = curve.quadratic_s, curve.linear_s
+    root = slack / lin if q == 0 else (-lin + math.sqrt(lin * lin + 4 * q * slack)) / (2 * q)
+    n = math.floor(root)
+    # Float error at the boundary: step to the exact answer (at most a step or two).
+    while n > 0 and curve.seconds(n) > seconds:
+        n -= 1
+    while curve.seconds(n + 1) <= seconds:
+        n += 1
+    return n
+
+
+def reference_prompt_warnings(t: Thresholds) -> tuple[str, ...]:
+    """One line per class whose budget an idle server cannot meet for the reference prompt.
+
+    Such thresholds derive (short prompts are admitted) but every prompt longer than
+    ``longest_prompt_within`` the budget is rejected, however idle the server: worth
+    saying before the first 400s or 429s do."""
+    curve = PrefillCurve(t.prefill_intercept_s, t.prefill_linear_s, t.prefill_quadratic_s)
+    needed = curve.seconds(t.reference_prompt_tokens)
+    warnings: list[str] = []
+    for c in t.classes:
+        if c.ttft_budget_seconds < needed:
+            longest = longest_prompt_within(curve, c.ttft_budget_seconds)
+            warnings.append(
+                f"class {c.name!r}: prompts over {longest} tokens are never admitted within its "
+                f"{c.ttft_budget_seconds:g} s TTFT budget (a {t.reference_prompt_tokens}-token prompt "
+                f"needs {needed:.2f} s on the calibrated server)"
+            )
+    return tuple(warnings)

@@ -39,8 +39,10 @@ class Model(BaseModel):
 class SLO(Model):
     """The service-level objective the gate protects."""
 
-    ttft_seconds: PositiveSeconds
-    """Time-to-first-token target, seconds: the number users feel most."""
+    ttft_seconds: PositiveSeconds | None = None
+    """Time-to-first-token target, seconds, of every class that sets none of its own
+    (``ClassPolicy.ttft_seconds`` overrides it for that class). Required when some class,
+    or the one implicit class ``default``, has none; refused when every class has its own."""
     quantile: Quantile = 0.5
     """The TTFT quantile the target applies to (the predicate predicts a median)."""
     time_per_output_token_seconds: PositiveSeconds | None = None
@@ -53,7 +55,7 @@ class ClassPolicy(Model):
     name: ClassName
     """Matched against the X-Slogate-Class header or an API key's class."""
     ttft_seconds: PositiveSeconds | None = None
-    """This class's own TTFT target; the policy's SLO when unset."""
+    """This class's own TTFT target; unset: the policy's ``slo.ttftSeconds``."""
     reserved_slots: Annotated[int, Field(ge=0)] = 0
     """Concurrency slots only this class and those above it may use."""
 
@@ -93,11 +95,12 @@ class DegradationPolicy(Model):
 class Policy(Model):
     """Everything the user says about admission; derivation combines it with a profile."""
 
-    slo: SLO
+    slo: SLO = SLO()
+    """Unset: no per-token SLO, and every class must set its own ttftSeconds."""
     output_tokens: OutputTokensPolicy = OutputTokensPolicy()
     concurrency: ConcurrencyPolicy = ConcurrencyPolicy()
     classes: tuple[ClassPolicy, ...] = ()
-    """Highest priority first. Empty: one class named ``default`` with the SLO."""
+    """Highest priority first. Empty: one class named ``default`` with ``slo.ttftSeconds``."""
     default_class: ClassName | None = None
     """The class of requests that name none (or an unknown one). Unset: the lowest class."""
     deferral: DeferralPolicy = DeferralPolicy()
@@ -110,6 +113,7 @@ class Policy(Model):
             raise ValueError(f"class names must be unique, got {names}")
         if self.default_class is not None and self.default_class not in names:
             raise ValueError(f"defaultClass {self.default_class!r} is not one of the classes {names}")
+        self._check_policy_ttft(names)
         reserved = sum(c.reserved_slots for c in self.classes)
         if self.concurrency.max is not None and reserved >= self.concurrency.max and len(names) > 1:
             raise ValueError(
@@ -117,6 +121,33 @@ class Policy(Model):
                 "the lowest class would have no slot at all"
             )
         return self
+
+    def _check_policy_ttft(self, names: list[str]) -> None:
+        """slo.ttftSeconds is there exactly when some class would take it."""
+        inheriting = [c.name for c in self.classes if c.ttft_seconds is None]
+        if self.slo.ttft_seconds is None:
+            if not self.classes:
+                raise ValueError(
+                    "slo.ttftSeconds is required: it is the TTFT SLO of the one class, default, "
+                    "when no classes are listed"
+                )
+            if inheriting:
+                raise ValueError(
+                    "slo.ttftSeconds is required: it is the TTFT SLO of the classes without their own "
+                    f"ttftSeconds ({', '.join(inheriting)})"
+                )
+        elif self.classes and not inheriting:
+            raise ValueError(
+                f"slo.ttftSeconds applies to no class: every class ({', '.join(names)}) sets its own "
+                "ttftSeconds; remove slo.ttftSeconds"
+            )
+
+    def ttft_slo_of(self, cls: ClassPolicy) -> float:
+        """The class's TTFT SLO: its own ttftSeconds, else the policy's slo.ttftSeconds."""
+        own = cls.ttft_seconds if cls.ttft_seconds is not None else self.slo.ttft_seconds
+        if own is None:  # the validator refuses such a policy
+            raise ValueError(f"class {cls.name!r} has no TTFT SLO")
+        return own
 
 
 # --------------------------------------------------------------------------- profile

@@ -4,6 +4,13 @@ Pure: takes numbers, returns a JSON-ready dict. Each output key appears only whe
 its inputs are present; ``missing`` names the inputs that would unlock the rest.
 Prefill here is the spec's single-rate model, own prefill = n_in / rate, so the
 worked example can be checked by hand.
+
+A request that can never fit gets the sidecar's verdict for it (its 400,
+``decision.decide``'s ``fits_ever``): ``admit`` false, ``fits_ever`` false, reason
+``never_fits`` beside the failed predicates, and ``retry_after_s`` null, because no
+wait helps. Never fits: its own prefill alone exceeds the TTFT SLO, or prompt +
+output exceed one slot's context (``slot_tokens``) or the whole KV cache
+(``kv_capacity_bytes``).
 """
 
 from __future__ import annotations
@@ -39,6 +46,8 @@ class WhatIfInputs:
     head_dim: int | None = None
     kv_bytes_per_elem: float | None = None
     kv_free_bytes: float | None = None
+    kv_capacity_bytes: float | None = None
+    slot_tokens: int | None = None
     in_flight: int | None = None
     concurrency_cap: int | None = None
     arrival_rate: float | None = None
@@ -61,6 +70,8 @@ class _Report:
     reasons: list[str] = field(default_factory=list)
     checked: bool = False
     """At least one admission predicate could be evaluated."""
+    never_fits: bool = False
+    """A predicate fails however empty the server is: no retry helps."""
     max_queued: float | None = None
 
     def lacks(self, **inputs: object) -> bool:
@@ -87,7 +98,11 @@ def _ttft_section(i: WhatIfInputs, r: _Report) -> None:
         return
     r.max_queued = max_queued_tokens(slo, own, rate)
     r.values["max_queued_tokens"] = r.max_queued
-    if queued is not None:
+    if own > slo:
+        # Fails with an empty queue too: known without queued_tokens.
+        r.checked, r.never_fits = True, True
+        r.reasons.append("ttft")
+    elif queued is not None:
         r.checked = True
         if not ttft_admits(queued, r.max_queued):
             r.reasons.append("ttft")
@@ -95,25 +110,41 @@ def _ttft_section(i: WhatIfInputs, r: _Report) -> None:
 
 def _kv_section(i: WhatIfInputs, r: _Report) -> None:
     """Spec "LLM twist 2": bytes per token, the request's reservation, the KV gate."""
-    per_token = i.kv_bytes_per_token
-    if per_token is None:
-        geometry = (i.layers, i.kv_heads, i.head_dim, i.kv_bytes_per_elem)
-        if None in geometry:
-            r.missing.add("kv_bytes_per_token")
-            return
-        layers, heads, dim, elem = (g for g in geometry if g is not None)
-        per_token = kv_bytes_per_token(int(layers), int(heads), int(dim), elem)
-    r.values["kv_bytes_per_token"] = per_token
-    n, out, free = i.prompt_tokens, i.max_tokens, i.kv_free_bytes
+    n, out, free, capacity = i.prompt_tokens, i.max_tokens, i.kv_free_bytes, i.kv_capacity_bytes
+    per_token = _kv_bytes_per_token(i, r)
+    if per_token is not None:
+        r.values["kv_bytes_per_token"] = per_token
     r.lacks(prompt_tokens=n, max_tokens=out, kv_free_bytes=free)
     if n is None or out is None:
         return
-    needed = kv_request_bytes(n, out, per_token)
-    r.values["kv_needed_bytes"] = needed
-    if free is not None:
-        r.checked = True
-        if not kv_gate(free, needed):
-            r.reasons.append("kv")
+    # Each check is None when its inputs are absent, else whether it fails. One slot's
+    # context bounds a request in tokens, so that one needs no per-token size.
+    beyond_slot = None if i.slot_tokens is None else n + out > i.slot_tokens
+    needed = None if per_token is None else kv_request_bytes(n, out, per_token)
+    beyond_capacity = None if needed is None or capacity is None else needed > capacity
+    short_now = None if needed is None or free is None else not kv_gate(free, needed)
+    if needed is not None:
+        r.values["kv_needed_bytes"] = needed
+    checks = [c for c in (beyond_slot, beyond_capacity, short_now) if c is not None]
+    r.checked = r.checked or bool(checks)
+    r.never_fits = r.never_fits or bool(beyond_slot or beyond_capacity)
+    if any(checks):
+        r.reasons.append("kv")
+
+
+def _kv_bytes_per_token(i: WhatIfInputs, r: _Report) -> float | None:
+    """Given, or 2 · layers · kv_heads · head_dim · bytes; ``missing`` names what is absent."""
+    if i.kv_bytes_per_token is not None:
+        return i.kv_bytes_per_token
+    geometry = {"layers": i.layers, "kv_heads": i.kv_heads, "head_dim": i.head_dim,
+                "kv_bytes_per_elem": i.kv_bytes_per_elem}  # fmt: skip
+    absent = {name for name, value in geometry.items() if value is None}
+    if absent:
+        # Part of the geometry given: name the rest, not the per-token size it was meant to give.
+        r.missing |= absent if len(absent) < len(geometry) else {"kv_bytes_per_token"}
+        return None
+    layers, heads, dim, elem = (g for g in geometry.values() if g is not None)
+    return kv_bytes_per_token(int(layers), int(heads), int(dim), elem)
 
 
 def _concurrency_section(i: WhatIfInputs, r: _Report) -> None:
@@ -130,7 +161,11 @@ def _verdict_section(i: WhatIfInputs, r: _Report) -> None:
     if not r.checked:
         return
     r.values["admit"] = not r.reasons
-    r.values["reasons"] = list(r.reasons)
+    r.values["fits_ever"] = not r.never_fits
+    r.values["reasons"] = [*r.reasons, "never_fits"] if r.never_fits else list(r.reasons)
+    if r.never_fits:
+        r.values["retry_after_s"] = None  # as the sidecar: a 400, no Retry-After
+        return
     if i.queued_tokens is None or i.prefill_tps is None:
         return
     # Rejected on TTFT: until the queue drains to this request's budget. Rejected on

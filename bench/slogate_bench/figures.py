@@ -11,6 +11,7 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
+from matplotlib import ticker
 
 from slogate_admission.schema import CalibrationProfile, Thresholds
 from slogate_bench import scenario as sim
@@ -138,7 +139,17 @@ def plots(
     runs = main_runs(raw)
     loads = sorted({r["load"] for r in runs})
     out_dir.mkdir(parents=True, exist_ok=True)
+    _goodput_plot(raw, mu, out_dir, simulated)
+    _ttft_cdf_plot(raw, runs, out_dir)
+    _latency_plot(runs, loads, mu, out_dir, simulated_w)
+    return ["goodput.png", "ttft_cdf_2x.png", "latency_vs_utilization.png"]
 
+
+def _goodput_plot(
+    raw: dict[str, Any], mu: float, out_dir: Path, simulated: dict[str, list[tuple[float, float]]] | None
+) -> None:
+    runs = main_runs(raw)
+    loads = sorted({r["load"] for r in runs})
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for scenario in SCENARIOS:
         points = [(load, find_run(runs, scenario, load)) for load in loads]
@@ -153,12 +164,16 @@ def plots(
     ax.set_ylabel(f"goodput: completed with TTFT ≤ {raw['slo_s']:g} s (req/s)")
     ax.set_xscale("log", base=2)
     ax.set_xticks(loads, [f"{x:g}x" for x in loads])
+    ax.set_ylim(bottom=0)  # goodput from zero: a collapse must look like one
     ax.set_title("Goodput vs offered load")
-    ax.legend()
+    # Below the axes: inside, eight entries covered the lines they name.
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=2, fontsize="small")
     fig.tight_layout()
-    fig.savefig(out_dir / "goodput.png", dpi=110)
+    fig.savefig(out_dir / "goodput.png", dpi=110, bbox_inches="tight")
     plt.close(fig)
 
+
+def _ttft_cdf_plot(raw: dict[str, Any], runs: list[dict[str, Any]], out_dir: Path) -> None:
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for scenario in SCENARIOS:
         r = find_run(runs, scenario, 2.0)
@@ -180,6 +195,9 @@ def plots(
     fig.savefig(out_dir / "ttft_cdf_2x.png", dpi=110)
     plt.close(fig)
 
+
+def _latency_plot(runs: list[dict[str, Any]], loads: list[float], mu: float, out_dir: Path,
+                  simulated_w: list[tuple[float, float]] | None) -> None:  # fmt: skip
     fig, ax = plt.subplots(figsize=(7, 4.5))
     rho = [i / 100 for i in range(5, 96)]
     # llama-server shares its capacity among the requests inside (continuous batching): a
@@ -197,10 +215,13 @@ def plots(
     ax.set_xlabel("offered utilization ρ = λ / μ")
     ax.set_ylabel("seconds")
     ax.set_yscale("log")
+    # Ticks at 1, 2, 5, 10, 20... written plainly ("2", not "2×10⁰").
+    ax.yaxis.set_major_locator(ticker.LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+    ax.yaxis.set_major_formatter(ticker.FuncFormatter(lambda value, _: f"{value:g}"))
+    ax.yaxis.set_minor_formatter(ticker.NullFormatter())
     ax.set_title("Latency vs utilization (clients give up at 10 s: measured means above ρ = 1 are censored)",
                  fontsize="small")  # fmt: skip
     ax.legend(fontsize="small")
     fig.tight_layout()
     fig.savefig(out_dir / "latency_vs_utilization.png", dpi=110)
     plt.close(fig)
-    return ["goodput.png", "ttft_cdf_2x.png", "latency_vs_utilization.png"]

@@ -40,8 +40,39 @@ def _attainment(run: dict[str, Any]) -> float:
     return float(run["within_slo"] / run["ok"]) if run["ok"] else 0.0
 
 
+OUTCOME_COLUMNS = ("within SLO", "served late", "rejected", "refused", "timed out", "errors")
+"""What became of the requests sent, one column per fate: every results table shows them all,
+so each row adds up to its `sent`."""
+
+
+def outcome_counts(run: dict[str, Any]) -> list[int]:
+    """A run's counts in OUTCOME_COLUMNS order; ValueError unless they add up to its requests sent."""
+    counts = [
+        run["within_slo"],
+        run["ok"] - run["within_slo"],  # completed, first token after the SLO
+        run["rejected"],
+        run.get("refused", 0),  # runs older than slogate's 400 have none
+        run["timeout"],
+        run["error"],
+    ]
+    if sum(counts) != run["requests"]:
+        raise ValueError(
+            f"{run['scenario']} {run['workload']} {run['retry']} at {run['load']:g}x: "
+            f"{' + '.join(map(str, counts))} != {run['requests']} sent"
+        )
+    return counts
+
+
 def _fmt(value: float | None, unit: str = "", digits: int = 2) -> str:
     return "-" if value is None else f"{value:.{digits}f}{unit}"
+
+
+def _row(*cells: object) -> str:
+    return "| " + " | ".join(map(str, cells)) + " |"
+
+
+def _rule(columns: int) -> str:
+    return "|" + " --- |" * columns
 
 
 def _rejection_ms(run: dict[str, Any]) -> str:
@@ -239,17 +270,16 @@ def write_report(
         lines += [
             f"## {load:g}x offered load (chat)",
             "",
-            "| scenario | sent | within SLO | rejected | refused | timed out | errors | goodput | p50 TTFT | p99 TTFT | rejection p50 / p99 |",
-            "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+            _row("scenario", "sent", *OUTCOME_COLUMNS, "goodput", "p50 TTFT", "p99 TTFT", "rejection p50 / p99"),
+            _rule(5 + len(OUTCOME_COLUMNS)),
         ]
         for scenario in SCENARIOS:
             r = find_run(runs, scenario, load)
             if r:
-                lines.append(
-                    f"| {scenario} | {r['requests']} | {r['within_slo']} | {r['rejected']} | {r.get('refused', 0)} | "
-                    f"{r['timeout']} | {r['error']} | {r['goodput_rps']:.2f}/s | {_fmt(r['ttft_p50_s'], ' s')} | "
-                    f"{_fmt(r['ttft_p99_s'], ' s')} | {_rejection_ms(r)} |"
-                )
+                lines.append(_row(
+                    scenario, r["requests"], *outcome_counts(r), f"{r['goodput_rps']:.2f}/s",
+                    _fmt(r["ttft_p50_s"], " s"), _fmt(r["ttft_p99_s"], " s"), _rejection_ms(r),
+                ))  # fmt: skip
         lines.append("")
     lines += [
         "## Simulator vs measurement (chat, goodput req/s)",
@@ -272,14 +302,14 @@ def write_report(
         lines += [
             "## Heavy-tailed mix and retries (2x)",
             "",
-            "| scenario | workload | retry | sent | attempts | within SLO | rejected | refused | timed out | goodput | p99 TTFT |",
-            "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+            _row("scenario", "workload", "retry", "sent", "attempts", *OUTCOME_COLUMNS, "goodput", "p99 TTFT"),
+            _rule(7 + len(OUTCOME_COLUMNS)),
         ]
         for r in extra:
-            lines.append(
-                f"| {r['scenario']} | {r['workload']} | {r['retry']} | {r['requests']} | {r['arrivals']} | {r['within_slo']} | "
-                f"{r['rejected']} | {r.get('refused', 0)} | {r['timeout']} | {r['goodput_rps']:.2f}/s | {_fmt(r['ttft_p99_s'], ' s')} |"
-            )
+            lines.append(_row(
+                r["scenario"], r["workload"], r["retry"], r["requests"], r["arrivals"], *outcome_counts(r),
+                f"{r['goodput_rps']:.2f}/s", _fmt(r["ttft_p99_s"], " s"),
+            ))  # fmt: skip
         lines.append("")
     out.write_text("\n".join(lines))
 

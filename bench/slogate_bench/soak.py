@@ -198,6 +198,8 @@ def per_minute(arrivals: Sequence[Arrival], results: Sequence[Result], settings:
             "withinSlo": len(run.within(settings.slo_s)),
             "completed": run.count("ok"),
             "rejected": sum(1 for r in inside if r.status == 429),
+            "refused": run.count("refused"),
+            "errors": run.count("error"),
             "timedOut": run.count("timeout"),
             "sidecarFailures": sidecar_failures(inside),
             "goodputRps": round(run.goodput(settings.slo_s), 3),
@@ -280,8 +282,9 @@ def markdown(figures: dict[str, Any], verdict: dict[str, bool]) -> str:
         DOC_BEGIN,
         f"Last run {f['measuredAt']} (calibration `{f['calibrationId']}`): {f['offeredRps']:.2f} req/s offered, "
         f"{f['load']:g}x the capacity of {f['capacityRps']:.2f} req/s, for {f['minutes']} min ({f['requests']} "
-        f"requests; {s['within_slo']} within the {f['sloSeconds']:g} s SLO, {s['rejected']} rejected, "
-        f"{s['timeout']} timed out, {s['error']} errors). Sidecar 5xx and error events: {f['sidecarFailures']}; "
+        f"requests; {s['within_slo']} within the {f['sloSeconds']:g} s SLO, {s['ok'] - s['within_slo']} served "
+        f"late, {s['rejected']} rejected, {s['refused']} refused, {s['timeout']} timed out, {s['error']} errors). "
+        f"Sidecar 5xx and error events: {f['sidecarFailures']}; "
         f"upstream errors counted: {f['upstreamErrors']:g}; client disconnects: {f['clientDisconnects']:g}; "
         f"counters after: {json.dumps(f['countersAfter'])}. Sidecar RSS {rss['startMiB']} MiB at start, "
         f"{rss['afterWarmupMiB']} MiB after the warm-up, at most {rss['maxAfterWarmupMiB']} MiB after it (growth "
@@ -289,19 +292,24 @@ def markdown(figures: dict[str, Any], verdict: dict[str, bool]) -> str:
         "",
         "Verdict: " + ", ".join(f"{name} {'yes' if ok else '**NO**'}" for name, ok in verdict.items()) + ".",
         "",
-        "| minute | offered | completed | within SLO | rejected | timed out | sidecar 5xx | goodput (req/s) "
-        "| p50 TTFT (s) | p99 TTFT (s) | RSS (MiB) |",
-        "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+        "Each minute's offered requests = within SLO + served late + rejected + refused + timed out + errors.",
+        "",
+        "| minute | offered | within SLO | served late | rejected | refused | timed out | errors | sidecar 5xx "
+        "| goodput (req/s) | p50 TTFT (s) | p99 TTFT (s) | RSS (MiB) |",
+        "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]  # fmt: skip
+    # Runs recorded before refusals and errors were counted per minute had none at all.
+    none_at_all = s["refused"] == 0 and s["error"] == 0
 
     def q(v: float | None) -> str:
         return "-" if v is None else f"{v:.2f}"
 
     for m in figures["perMinute"]:
         label = f"{m['minute']}{' (warm-up)' if m['warmup'] else ''}"
-        lines.append(f"| {label} | {m['offered']} | {m['completed']} | {m['withinSlo']} | {m['rejected']} | "
-                     f"{m['timedOut']} | {m['sidecarFailures']} | {m['goodputRps']:.2f} | {q(m['ttftP50S'])} | "
-                     f"{q(m['ttftP99S'])} | {m['rssMiB']} |")  # fmt: skip
+        refused, errors = (m.get("refused"), m.get("errors")) if "refused" in m or not none_at_all else (0, 0)
+        lines.append(f"| {label} | {m['offered']} | {m['withinSlo']} | {m['completed'] - m['withinSlo']} | "
+                     f"{m['rejected']} | {refused} | {m['timedOut']} | {errors} | {m['sidecarFailures']} | "
+                     f"{m['goodputRps']:.2f} | {q(m['ttftP50S'])} | {q(m['ttftP99S'])} | {m['rssMiB']} |")  # fmt: skip
     lines.append(DOC_END)
     return "\n".join(lines)
 
@@ -325,7 +333,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--load", type=float, default=SoakSettings.load)
     parser.add_argument("--out", type=Path, default=SoakSettings.out_json)
     parser.add_argument("--doc", type=Path, default=SoakSettings.doc)
+    parser.add_argument("--render", action="store_true", help="only re-render the doc's block from --out")
     args = parser.parse_args(argv)
+    if args.render:
+        figures = json.loads(args.out.read_text())
+        update_doc(args.doc, markdown(figures, figures["verdict"]))
+        return 0
     if not 0 < args.warmup_minutes < args.minutes:
         parser.error("the warm-up must be shorter than the run, and at least a minute")
     settings = SoakSettings(minutes=args.minutes, warmup_minutes=args.warmup_minutes, load=args.load,

@@ -11,9 +11,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import shlex
 import sys
-from pathlib import Path
 
 from slogate_calibration.calibrate import (
     BudgetExceededError,
@@ -22,7 +20,15 @@ from slogate_calibration.calibrate import (
     calibrate,
 )
 from slogate_calibration.output import compact_json, full_json, write_atomic
-from slogate_cli.arguments import Subcommands, non_negative_float, positive_float
+from slogate_cli.arguments import (
+    Subcommands,
+    existing_file,
+    http_url,
+    non_negative_float,
+    output_file,
+    positive_float,
+    shell_words,
+)
 from slogate_cli.progress_bar import progress_hooks
 
 EXIT_UPSTREAM = 2
@@ -32,13 +38,16 @@ EXIT_BUDGET = 3
 def add_parser(subparsers: Subcommands) -> None:
     """Register `calibrate`."""
     parser = subparsers.add_parser("calibrate", help="measure a live llama-server", description=__doc__)
-    parser.add_argument("--upstream", required=True, help="llama-server base URL, e.g. http://127.0.0.1:8080")
-    parser.add_argument("--model", type=Path, help="the GGUF it serves (default: the path /props reports)")
-    parser.add_argument("--out", type=Path, help="write the full profile JSON here (atomically)")
-    parser.add_argument("--termination-message-path", type=Path, help="write the compact profile here")
+    parser.add_argument(
+        "--upstream", type=http_url, required=True, help="llama-server base URL, e.g. http://127.0.0.1:8080"
+    )
+    parser.add_argument("--model", type=existing_file, help="the GGUF it serves (default: the path /props reports)")
+    parser.add_argument("--out", type=output_file, help="write the full profile JSON here (atomically)")
+    parser.add_argument("--termination-message-path", type=output_file, help="write the compact profile here")
     parser.add_argument("--budget-seconds", type=positive_float, default=90.0, help="stop after this long")
     parser.add_argument(
         "--server-args",
+        type=shell_words,
         default="",
         help="the server's arguments as one string (threads, batch, cache types: not in /props)",
     )
@@ -58,7 +67,7 @@ def run(args: argparse.Namespace) -> int:
     settings = CalibrationSettings(
         upstream=args.upstream,
         model_path=args.model,
-        server_args=tuple(shlex.split(args.server_args)),
+        server_args=args.server_args,
         budget_s=args.budget_seconds,
         force=args.force,
         wait_s=args.wait_seconds,
@@ -73,11 +82,15 @@ def run(args: argparse.Namespace) -> int:
         sys.stderr.write(f"slogate calibrate: error: {error}\n")
         return EXIT_UPSTREAM
     compact = compact_json(profile)
-    if args.out is not None:
-        write_atomic(args.out, full_json(profile))
-    if args.termination_message_path is not None:
-        # Written in place, not renamed over: the kubelet bind-mounts /dev/termination-log,
-        # and rename(2) onto a mount point fails with EBUSY.
-        args.termination_message_path.write_text(compact)
+    try:
+        if args.out is not None:
+            write_atomic(args.out, full_json(profile))
+        if args.termination_message_path is not None:
+            # Written in place, not renamed over: the kubelet bind-mounts /dev/termination-log,
+            # and rename(2) onto a mount point fails with EBUSY.
+            args.termination_message_path.write_text(compact)
+    except OSError as error:  # checked at parse time; the file system can still refuse
+        sys.stderr.write(f"slogate calibrate: error: cannot write {error.filename}: {error.strerror}\n")
+        return EXIT_UPSTREAM
     sys.stdout.write(compact + "\n")
     return 0

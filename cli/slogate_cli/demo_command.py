@@ -28,7 +28,7 @@ from slogate_calibration.calibrate import CalibrationError, CalibrationSettings
 from slogate_calibration.output import write_atomic
 from slogate_calibration.prometheus_text import LlamaCounters
 from slogate_calibration.runtime import LlamaServer, LlamaServerError, RuntimeNotFound, locate
-from slogate_cli.arguments import Subcommands, positive_float
+from slogate_cli.arguments import STATE_DIR_HELP, Subcommands, output_file, positive_float, state_dir
 from slogate_cli.up_command import cached_or_fresh_profile
 from slogate_sidecar.app import gate_in_front_of
 
@@ -42,33 +42,41 @@ def add_parser(subparsers: Subcommands) -> None:
     parser.add_argument("--slo-ttft", type=positive_float, default=2.0, help="TTFT SLO, seconds")
     parser.add_argument("--load", type=positive_float, default=3.0, help="offered load, x the derived capacity")
     parser.add_argument("--seconds", type=positive_float, default=20.0, help="length of each burst")
-    parser.add_argument("--state-dir", type=Path, default=Path(".slogate"))
-    parser.add_argument("--plot", type=Path, default=Path(".slogate/demo.png"), help="where to write the picture")
-    parser.add_argument("--no-progress", action="store_true")
+    parser.add_argument("--state-dir", type=state_dir, default=Path(".slogate"), help=STATE_DIR_HELP)
+    parser.add_argument("--plot", type=output_file, help="where to write the picture (default: STATE_DIR/demo.png)")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     parser.set_defaults(run=run)
 
 
+def plot_path(args: argparse.Namespace) -> Path:
+    """--plot, else demo.png in --state-dir (beside the profile cache and thresholds)."""
+    path: Path = args.plot or args.state_dir / "demo.png"
+    return path
+
+
+def outcome_counts(run: Run, slo_s: float) -> dict[str, int]:
+    """What became of every request sent, by column: all but `sent` add up to `sent`."""
+    within = len(run.within(slo_s))
+    return {
+        "sent": len(run.results),
+        "within SLO": within,
+        "served late": run.count("ok") - within,
+        "rejected": run.count("rejected"),
+        "refused": run.count("refused"),
+        "timed out": run.count("timeout"),
+        "errors": run.count("error"),
+    }
+
+
 def table(runs: dict[str, Run], slo: float, rate: float) -> Table:
-    """The side-by-side summary."""
+    """The side-by-side summary: every request sent in one outcome column, then latency and goodput."""
     t = Table(title=f"{rate:.2f} req/s offered for {next(iter(runs.values())).duration_s:g} s, TTFT SLO {slo:g} s")
-    for column in (
-        "",
-        "sent",
-        "within SLO",
-        "rejected",
-        "refused",
-        "timed out",
-        "errors",
-        "p50 TTFT",
-        "p99 TTFT",
-        "goodput",
-    ):
+    counts = {name: outcome_counts(r, slo) for name, r in runs.items()}
+    for column in ("", *next(iter(counts.values())), "p50 TTFT", "p99 TTFT", "goodput"):
         t.add_column(column, justify="right" if column else "left")
     for name, r in runs.items():
         quantiles = [f"{v:.2f} s" if v is not None else "-" for v in (r.ttft_quantile(0.5), r.ttft_quantile(0.99))]
-        counts = [str(n) for n in (len(r.results), len(r.within(slo)), r.count("rejected"), r.count("refused"),
-                                   r.count("timeout"))]  # fmt: skip
-        t.add_row(name, *counts, str(r.count("error")), *quantiles, f"{r.goodput(slo):.2f} req/s")
+        t.add_row(name, *(str(n) for n in counts[name].values()), *quantiles, f"{r.goodput(slo):.2f} req/s")
     return t
 
 
@@ -97,7 +105,7 @@ async def bursts(upstream: str, thresholds: Thresholds, rate: float, seconds: fl
 
 def run(args: argparse.Namespace) -> int:
     """Run the demo; one-line errors."""
-    console = Console(width=max(Console().width, 130))
+    console = Console(width=max(Console().width, 140))
     args.upstream, args.once, args.budget_seconds = None, True, 180.0
     try:
         log = args.state_dir / "llama-server.log"
@@ -127,10 +135,18 @@ def run(args: argparse.Namespace) -> int:
     except (CalibrationError, LlamaServerError, RuntimeNotFound, ValueError) as error:
         sys.stderr.write(f"slogate demo: error: {error}\n")
         return 2
+    except OSError as error:  # the state dir, checked at parse time, refused a write after all
+        sys.stderr.write(f"slogate demo: error: {error.strerror or error}\n")
+        return 2
     console.print(table(runs, args.slo_ttft, rate))
     # Imported here: matplotlib is for the demo and benchmarks, not for every `slogate` command.
     from slogate_bench.figures import demo_plot  # noqa: PLC0415
 
-    demo_plot(runs, args.slo_ttft, args.plot)
-    console.print(f"plot: {args.plot}")
+    plot = plot_path(args)
+    try:
+        demo_plot(runs, args.slo_ttft, plot)
+    except OSError as error:
+        sys.stderr.write(f"slogate demo: error: cannot write the plot {plot}: {error.strerror}\n")
+        return 2
+    console.print(f"plot: {plot}")
     return 0

@@ -1,8 +1,14 @@
 """`slogate derive`: an SLO plus a calibration profile -> the thresholds a gate enforces.
 
-The same derivation the operator runs. ``--classes`` takes ``name:ttft[:reserved]``
+The same derivation the operator runs. ``--classes`` takes ``name[:ttft[:reserved]]``
 items, highest priority first, e.g. ``interactive:1.0:1,batch:10``; ``--policy FILE``
-takes a whole policy (JSON, the AdmissionPolicy spec's fields) instead.
+takes a whole policy (JSON, the AdmissionPolicy spec's fields) instead. A class's ttft
+is its TTFT SLO; ``--slo-ttft`` is the TTFT SLO of every class without one (of the one
+class, default, without ``--classes``): required unless every class sets its own, and
+refused when every class does (it would apply to none). An SLO the
+calibrated server cannot meet even for the smallest useful prompt (32 tokens) is
+refused, naming the smallest it can meet; one it cannot meet for the reference prompt
+(512 tokens) derives with a warning naming the longest prompt it admits.
 """
 
 from __future__ import annotations
@@ -15,28 +21,39 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from slogate_admission.derivation import DerivationError, derive_thresholds
-from slogate_admission.schema import CalibrationProfile, Policy, Thresholds
+from slogate_admission.derivation import DerivationError, derive_thresholds, reference_prompt_warnings
+from slogate_admission.schema import CalibrationProfile, ClassPolicy, Policy, Thresholds
 from slogate_calibration.output import write_atomic
-from slogate_cli.arguments import Subcommands, positive_float, positive_int
+from slogate_cli.arguments import Subcommands, existing_file, output_file, positive_float, positive_int
 
 
 def add_parser(subparsers: Subcommands) -> None:
     """Register `derive`."""
     parser = subparsers.add_parser("derive", help="derive thresholds from an SLO and a profile", description=__doc__)
-    parser.add_argument("--profile", type=Path, required=True, help="a profile from `slogate calibrate`")
+    parser.add_argument("--profile", type=existing_file, required=True, help="a profile from `slogate calibrate`")
     add_policy_flags(parser)
-    parser.add_argument("--out", type=Path, help="write the thresholds JSON here (atomically)")
+    parser.add_argument("--out", type=output_file, help="write the thresholds JSON here (atomically)")
     parser.set_defaults(run=run)
 
 
 def add_policy_flags(parser: argparse.ArgumentParser) -> None:
     """The SLO and policy flags, shared with `slogate up`."""
-    parser.add_argument("--slo-ttft", type=positive_float, help="TTFT SLO, seconds")
+    parser.add_argument(
+        "--slo-ttft",
+        type=positive_float,
+        help="TTFT SLO, seconds, of every class in --classes without a ttft of its own, or of the one class "
+        "when there is no --classes: required unless every class sets its own, refused if every class does; "
+        "refused below what the calibrated server needs for a 32-token prompt",
+    )
     parser.add_argument("--slo-tpot", type=positive_float, help="per-output-token SLO, seconds")
-    parser.add_argument("--classes", help="name:ttft[:reserved],... highest priority first")
+    parser.add_argument(
+        "--classes",
+        type=classes,
+        help="name[:ttft[:reserved]],... highest priority first; ttft is the class's TTFT SLO, unset: "
+        "--slo-ttft's. E.g. interactive:1:1,batch:10, or interactive:1:1,batch with --slo-ttft 10",
+    )
     parser.add_argument("--concurrency-max", type=positive_int, help="at most this many streams")
-    parser.add_argument("--policy", type=Path, help="a policy JSON file (overrides the flags above)")
+    parser.add_argument("--policy", type=existing_file, help="a policy JSON file (overrides the flags above)")
 
 
 def parse_classes(text: str) -> list[dict[str, Any]]:
@@ -58,33 +75,91 @@ def parse_classes(text: str) -> list[dict[str, Any]]:
     return classes
 
 
+def classes(text: str) -> list[dict[str, Any]]:
+    """The ``--classes`` type: parsed, and each class checked as the policy will check it."""
+    try:
+        parsed = parse_classes(text)
+        for cls in parsed:
+            ClassPolicy.model_validate(cls)
+    except ValidationError as error:
+        first = error.errors()[0]
+        if first["loc"] == ("name",):
+            raise argparse.ArgumentTypeError(
+                f"class name {first['input']!r}: lowercase letters, digits and '-' only; "
+                "items are name:ttft[:reserved], e.g. interactive:1:1,batch:10"
+            ) from None
+        raise argparse.ArgumentTypeError(f"{text!r}: {one_line(error)}") from None
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+    if not parsed:
+        raise argparse.ArgumentTypeError("give at least one class, e.g. interactive:1:1,batch:10")
+    return parsed
+
+
+def one_line(error: ValidationError) -> str:
+    """A pydantic error as one line: where, and what (the first problem)."""
+    first = error.errors()[0]
+    where = ".".join(str(p) for p in first["loc"])
+    return f"invalid input at {where or 'top level'}: {first['msg']}"
+
+
 def build_policy(args: argparse.Namespace) -> Policy:
-    """The policy from --policy, or from the flags."""
-    if args.policy is not None:
-        return Policy.model_validate_json(args.policy.read_text())
-    if args.slo_ttft is None:
-        raise ValueError("give --slo-ttft (or --policy)")
-    raw: dict[str, Any] = {"slo": {"ttftSeconds": args.slo_ttft}}
-    if args.slo_tpot is not None:
-        raw["slo"]["timePerOutputTokenSeconds"] = args.slo_tpot
-    if args.classes:
-        raw["classes"] = parse_classes(args.classes)
-    if args.concurrency_max is not None:
-        raw["concurrency"] = {"max": args.concurrency_max}
-    return Policy.model_validate(raw)
+    """The policy from --policy, or from the flags; every failure is a one-line ValueError."""
+    try:
+        if args.policy is not None:
+            return Policy.model_validate_json(args.policy.read_text())
+        check_slo_ttft(args.slo_ttft, args.classes or [])
+        raw: dict[str, Any] = {"slo": {}}
+        if args.slo_ttft is not None:
+            raw["slo"]["ttftSeconds"] = args.slo_ttft
+        if args.slo_tpot is not None:
+            raw["slo"]["timePerOutputTokenSeconds"] = args.slo_tpot
+        if args.classes:
+            raw["classes"] = args.classes
+        if args.concurrency_max is not None:
+            raw["concurrency"] = {"max": args.concurrency_max}
+        return Policy.model_validate(raw)
+    except OSError as error:
+        raise ValueError(f"cannot read {error.filename}: {error.strerror}") from None
+    except ValidationError as error:
+        raise ValueError(one_line(error)) from None
+
+
+def check_slo_ttft(slo_ttft: float | None, classes: list[dict[str, Any]]) -> None:
+    """--slo-ttft is given exactly when some class takes it: the flags' words for the Policy's rule."""
+    names = [c["name"] for c in classes]
+    if len(set(names)) != len(names):
+        return  # the Policy names the repeated class: the more basic mistake
+    inheriting = [c["name"] for c in classes if "ttftSeconds" not in c]
+    if slo_ttft is None and not classes:
+        raise ValueError("give --slo-ttft (or --policy): it is the TTFT SLO of the one class, default")
+    if slo_ttft is None and inheriting:
+        raise ValueError(
+            f"give --slo-ttft: it is the TTFT SLO of the classes without a ttft of their own in --classes "
+            f"({', '.join(inheriting)})"
+        )
+    if slo_ttft is not None and classes and not inheriting:
+        own = ", ".join(f"{c['name']}:{c['ttftSeconds']:g}" for c in classes)
+        raise ValueError(
+            f"--slo-ttft {slo_ttft:g} applies to no class: every class in --classes sets its own ttft ({own}); "
+            "drop --slo-ttft, or a class's ttft to give it --slo-ttft's"
+        )
 
 
 def derive(args: argparse.Namespace) -> Thresholds:
     """Load, validate and derive; every failure is a ValueError with a clear message."""
+    policy = build_policy(args)
+    return derive_thresholds(policy, read_profile(args.profile), derived_at=datetime.now(UTC))
+
+
+def read_profile(path: Path) -> CalibrationProfile:
+    """A profile file; a one-line ValueError if it cannot be read or is not a profile."""
     try:
-        profile = CalibrationProfile.model_validate_json(args.profile.read_text())
-        return derive_thresholds(build_policy(args), profile, derived_at=datetime.now(UTC))
+        return CalibrationProfile.model_validate_json(path.read_text())
     except OSError as error:
         raise ValueError(f"cannot read {error.filename}: {error.strerror}") from None
     except ValidationError as error:
-        first = error.errors()[0]
-        where = ".".join(str(p) for p in first["loc"])
-        raise ValueError(f"invalid input at {where or 'top level'}: {first['msg']}") from None
+        raise ValueError(f"{path}: {one_line(error)}") from None
 
 
 def run(args: argparse.Namespace) -> int:
@@ -94,8 +169,14 @@ def run(args: argparse.Namespace) -> int:
     except (ValueError, DerivationError) as error:
         sys.stderr.write(f"slogate derive: error: {error}\n")
         return 2
+    for warning in reference_prompt_warnings(thresholds):
+        sys.stderr.write(f"slogate derive: warning: {warning}\n")
     text = thresholds.model_dump_json(by_alias=True, indent=2) + "\n"
     if args.out is not None:
-        write_atomic(args.out, text)
+        try:
+            write_atomic(args.out, text)
+        except OSError as error:  # checked at parse time; the file system can still refuse
+            sys.stderr.write(f"slogate derive: error: --out {args.out}: {error.strerror}\n")
+            return 2
     sys.stdout.write(text)
     return 0

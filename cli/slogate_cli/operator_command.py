@@ -15,7 +15,7 @@ import os
 import random
 import sys
 
-from slogate_cli.arguments import Subcommands, non_negative_int
+from slogate_cli.arguments import Subcommands, non_negative_int, port
 
 
 def add_parser(subparsers: Subcommands) -> None:
@@ -34,9 +34,9 @@ def add_parser(subparsers: Subcommands) -> None:
     peering.add_argument("--standalone", action="store_true", help="no peering: a single replica")
     parser.add_argument("--priority", type=non_negative_int, help="peering priority; default: random per process")
     parser.add_argument("--image", help="the slogate image for sidecars and calibration Jobs")
-    parser.add_argument("--metrics-port", type=non_negative_int, help="Prometheus /metrics port; 0: none")
-    parser.add_argument("--liveness-port", type=non_negative_int, help="liveness /healthz port; 0: none")
-    parser.add_argument("--log-format", choices=["plain", "full", "json"], default="full")
+    parser.add_argument("--metrics-port", type=port, help="Prometheus /metrics port; 0: none")
+    parser.add_argument("--liveness-port", type=port, help="liveness /healthz port; 0: none")
+    parser.add_argument("--log-format", choices=["plain", "full", "json"], default="full", help="kopf's log format")
     parser.add_argument("--verbose", action="store_true", help="debug logging")
     parser.set_defaults(run=run)
 

@@ -4,13 +4,13 @@ Starts the bundled llama-server (or attaches to ``--upstream``), calibrates it u
 a profile with the same fingerprint is cached under ``--state-dir`` (default
 ``.slogate/``), derives thresholds for the SLO and prints them. Then it starts the
 admission sidecar in front and serves until interrupted, or exits with ``--once``.
+Its admin API takes threshold pushes only with ``--admin-token-file``.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import shlex
 import signal
 import sys
 from collections.abc import Iterator
@@ -22,7 +22,7 @@ from pydantic import ValidationError
 from rich.console import Console
 from rich.table import Table
 
-from slogate_admission.derivation import DerivationError, derive_thresholds
+from slogate_admission.derivation import DerivationError, derive_thresholds, reference_prompt_warnings
 from slogate_admission.schema import CalibrationProfile, Thresholds
 from slogate_calibration.calibrate import (
     CalibrationError,
@@ -32,27 +32,49 @@ from slogate_calibration.calibrate import (
 )
 from slogate_calibration.output import full_json, write_atomic
 from slogate_calibration.runtime import LlamaServer, LlamaServerError, RuntimeNotFound, locate
-from slogate_cli.arguments import Subcommands, positive_float, positive_int
+from slogate_cli.arguments import (
+    STATE_DIR_HELP,
+    Subcommands,
+    check_ports_free,
+    existing_file,
+    http_url,
+    port,
+    positive_float,
+    positive_int,
+    shell_words,
+    state_dir,
+)
 from slogate_cli.derive_command import add_policy_flags, build_policy
 from slogate_cli.progress_bar import progress_hooks
 from slogate_sidecar.admin import apply
 from slogate_sidecar.app import build_sidecar, running
 from slogate_sidecar.settings import SidecarSettings
 
+THREADS, PARALLEL, CTX = 2, 4, 8192
+"""The bundled llama-server's settings: the configuration the project is calibrated for."""
+HOST = "127.0.0.1"
+"""The gate binds loopback only: `up` is a local stack."""
+
 
 def add_parser(subparsers: Subcommands) -> None:
     """Register `up`."""
     parser = subparsers.add_parser("up", help="llama-server + calibration + thresholds, locally", description=__doc__)
-    parser.add_argument("--upstream", help="attach to this llama-server instead of starting one")
-    parser.add_argument("--server-args", default="", help="with --upstream: its arguments as one string")
-    parser.add_argument("--threads", type=positive_int, default=2, help="llama-server threads")
-    parser.add_argument("--parallel", type=positive_int, default=4, help="llama-server slots")
-    parser.add_argument("--ctx", type=positive_int, default=8192, help="llama-server total context")
-    parser.add_argument("--state-dir", type=Path, default=Path(".slogate"), help="profile cache and outputs")
+    parser.add_argument("--upstream", type=http_url, help="attach to this llama-server instead of starting one")
+    parser.add_argument("--server-args", type=shell_words, help="with --upstream: its arguments as one string")
+    # Defaults applied in run(): given with --upstream they would be silently ignored.
+    parser.add_argument("--threads", type=positive_int, help=f"llama-server threads (default: {THREADS})")
+    parser.add_argument("--parallel", type=positive_int, help=f"llama-server slots (default: {PARALLEL})")
+    parser.add_argument("--ctx", type=positive_int, help=f"llama-server total context (default: {CTX})")
+    parser.add_argument("--state-dir", type=state_dir, default=Path(".slogate"), help=STATE_DIR_HELP)
     parser.add_argument("--budget-seconds", type=positive_float, default=120.0, help="calibration budget")
     parser.add_argument("--once", action="store_true", help="print the thresholds and stop")
-    parser.add_argument("--port", type=int, default=8081, help="the gate's client port")
-    parser.add_argument("--admin-port", type=int, default=8082, help="the gate's admin and /metrics port")
+    parser.add_argument("--port", type=port, default=8081, help="the gate's client port")
+    parser.add_argument("--admin-port", type=port, default=8082, help="the gate's admin and /metrics port")
+    parser.add_argument(
+        "--admin-token-file",
+        type=existing_file,
+        help="the gate's bearer token for PUT /slogate/v1/thresholds; without it every push gets 401",
+    )
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     add_policy_flags(parser)
     parser.set_defaults(run=run)
@@ -62,11 +84,17 @@ def add_parser(subparsers: Subcommands) -> None:
 def llama_server(args: argparse.Namespace) -> Iterator[tuple[str, tuple[str, ...]]]:
     """(base URL, server args) of the upstream: attached, or started and stopped here."""
     if args.upstream:
-        yield args.upstream, tuple(shlex.split(args.server_args))
+        yield args.upstream, args.server_args or ()
         return
     log = args.state_dir / "llama-server.log"
     log.parent.mkdir(parents=True, exist_ok=True)
-    server = LlamaServer(locate(), threads=args.threads, parallel=args.parallel, ctx=args.ctx, log_path=log)
+    server = LlamaServer(
+        locate(),
+        threads=args.threads or THREADS,
+        parallel=args.parallel or PARALLEL,
+        ctx=args.ctx or CTX,
+        log_path=log,
+    )
     server.start()
     try:
         yield server.url, server.args[1:]
@@ -89,7 +117,12 @@ def cached_or_fresh_profile(
             if profile.fingerprint == identity.fingerprint:
                 console.print(f"using cached profile {profile.id} (fingerprint {identity.fingerprint})")
                 return profile
-    console.print(f"calibrating (fingerprint {identity.fingerprint}, budget {settings.budget_s:g} s)")
+    # Said with the absolute path: --state-dir is relative to where `up` runs, and a run from
+    # another directory finds no cache and measures again.
+    console.print(
+        f"calibrating (fingerprint {identity.fingerprint}, budget {settings.budget_s:g} s): "
+        f"no usable profile for it in {cache.parent.resolve()}"
+    )
     with progress_hooks(not args.no_progress) as hooks:
         profile = asyncio.run(calibrate(settings, hooks))
     write_atomic(cache, full_json(profile))
@@ -130,7 +163,11 @@ def run(args: argparse.Namespace) -> int:
     """Bring the stack up; one-line errors on failure."""
     console = Console(stderr=True)
     try:
+        # Everything the flags alone can refute, before llama-server starts and calibrates.
+        check_flag_combinations(args)
         policy = build_policy(args)
+        if not args.once:
+            check_ports_free(HOST, {"--port": args.port, "--admin-port": args.admin_port})
         with llama_server(args) as (url, server_args):
             settings = CalibrationSettings(upstream=url, server_args=server_args, budget_s=args.budget_seconds)
             profile = cached_or_fresh_profile(args, settings, console)
@@ -140,6 +177,8 @@ def run(args: argparse.Namespace) -> int:
                 thresholds.model_dump_json(by_alias=True, indent=2),
             )
             Console().print(thresholds_table(profile, thresholds))
+            for warning in reference_prompt_warnings(thresholds):
+                sys.stderr.write(f"slogate up: warning: {warning}\n")
             if args.once:
                 return 0
             asyncio.run(serve_gate(url, thresholds, args, console))
@@ -152,7 +191,24 @@ def run(args: argparse.Namespace) -> int:
     ) as error:
         sys.stderr.write(f"slogate up: error: {error}\n")
         return 2
+    except OSError as error:  # a port taken since the check, an unwritable state dir
+        sys.stderr.write(f"slogate up: error: {error.strerror or error}\n")
+        return 2
     return 0
+
+
+def check_flag_combinations(args: argparse.Namespace) -> None:
+    """Flags that would be silently ignored beside another one are refused instead."""
+    if args.once and args.admin_token_file is not None:
+        raise ValueError("--admin-token-file is for the gate `up` runs; --once runs none")
+    if args.upstream:
+        ignored = [flag for flag in ("--threads", "--parallel", "--ctx") if getattr(args, flag[2:]) is not None]
+        if ignored:
+            raise ValueError(f"{', '.join(ignored)}: for the llama-server `up` starts; not with --upstream")
+    elif args.server_args is not None:
+        raise ValueError(
+            "--server-args describes an --upstream server; the one `up` starts takes --threads, --parallel, --ctx"
+        )
 
 
 async def serve_gate(upstream: str, thresholds: Thresholds, args: argparse.Namespace, console: Console) -> None:
@@ -161,11 +217,23 @@ async def serve_gate(upstream: str, thresholds: Thresholds, args: argparse.Names
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    sidecar = build_sidecar(SidecarSettings(upstream=upstream, port=args.port, admin_port=args.admin_port))
+    settings = SidecarSettings(
+        upstream=upstream,
+        host=HOST,
+        port=args.port,
+        admin_port=args.admin_port,
+        admin_token_file=args.admin_token_file,
+    )
+    sidecar = build_sidecar(settings)
     apply(sidecar, thresholds)
+    pushes = (
+        f"threshold pushes with the bearer token in {args.admin_token_file}"
+        if args.admin_token_file is not None
+        else "threshold pushes refused (401) without --admin-token-file"
+    )
     async with running(sidecar) as (port, admin_port):
         console.print(
             f"slogate gate at http://127.0.0.1:{port} (OpenAI API, /completion) in front of llama-server "
-            f"at {upstream}; admin and /metrics at http://127.0.0.1:{admin_port}; Ctrl-C stops"
+            f"at {upstream}; admin and /metrics at http://127.0.0.1:{admin_port} ({pushes}); Ctrl-C stops"
         )
         await stop.wait()

@@ -1,4 +1,11 @@
-"""`slogate what-if`: would this request be admitted, and why. Prints one JSON object."""
+"""`slogate what-if`: would this request be admitted, and why. Prints one JSON object.
+
+Give what you know; ``missing`` in the output names the inputs that would unlock more.
+The spec's worked example: ``--prefill-tps 1200 --ttft-slo 2 --prompt-tokens 800
+--queued-tokens 1100``. A request that can never fit (its own prefill beyond the SLO, or
+prompt + output beyond ``--slot-tokens`` or ``--kv-capacity-bytes``) gets what the
+sidecar answers it, a 400: admit false, reason never_fits, retry_after_s null.
+"""
 
 from __future__ import annotations
 
@@ -30,6 +37,8 @@ FLAGS: dict[str, tuple[Callable[[str], float], str]] = {
     "--head-dim": (positive_int, "head dimension"),
     "--kv-bytes-per-elem": (positive_float, "bytes per cache element (f16: 2)"),
     "--kv-free-bytes": (non_negative_float, "free KV memory, bytes"),
+    "--kv-capacity-bytes": (positive_float, "the whole KV cache, bytes: a request beyond it never fits"),
+    "--slot-tokens": (positive_int, "one slot's context, tokens (ctx / parallel): prompt + output beyond it never fit"),
     "--in-flight": (non_negative_int, "streams already admitted"),
     "--concurrency-cap": (positive_int, "most streams at once"),
     "--arrival-rate": (non_negative_float, "lambda, requests/s"),
@@ -48,11 +57,37 @@ def add_parser(subparsers: Subcommands) -> None:
     )
     for flag, (parse, text) in FLAGS.items():
         parser.add_argument(flag, type=parse, help=text)
-    parser.set_defaults(run=run)
+    parser.set_defaults(run=run, what_if_parser=parser)
+
+
+GEOMETRY = ("--layers", "--kv-heads", "--head-dim", "--kv-bytes-per-elem")
+"""Give all four, or --kv-bytes-per-token instead."""
+
+
+def _field(flag: str) -> str:
+    return flag[2:].replace("-", "_")
+
+
+def check_inputs(args: argparse.Namespace) -> str | None:
+    """What is wrong with the combination of flags, or None (each flag alone was checked by argparse)."""
+    given = {flag for flag in FLAGS if getattr(args, _field(flag)) is not None}
+    if not given:
+        return "give at least one input, e.g. --prefill-tps 1200 --ttft-slo 2 --prompt-tokens 800 --queued-tokens 1100"
+    geometry = [flag for flag in GEOMETRY if flag in given]
+    if geometry and "--kv-bytes-per-token" in given:
+        return f"give --kv-bytes-per-token or {', '.join(GEOMETRY)}, not both"
+    if geometry and len(geometry) < len(GEOMETRY):
+        absent = [flag for flag in GEOMETRY if flag not in given]
+        verb = "needs" if len(geometry) == 1 else "need"
+        return f"{', '.join(geometry)} also {verb} {', '.join(absent)} (or give --kv-bytes-per-token alone)"
+    return None
 
 
 def run(args: argparse.Namespace) -> int:
     """Evaluate and print; core-level contradictions become one-line errors."""
+    problem = check_inputs(args)
+    if problem is not None:
+        args.what_if_parser.error(problem)
     # argparse stores --prefill-tps as prefill_tps: the dataclass's field names.
     inputs = WhatIfInputs(**{name: getattr(args, name) for name in WhatIfInputs.__slots__})
     try:

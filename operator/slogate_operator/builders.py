@@ -117,7 +117,7 @@ def calibration_job(request: CalibrationRequest) -> dict[str, Any]:
     args = [
         "calibrate",
         "--upstream", f"http://127.0.0.1:{port}",
-        "--server-args", shell_join(llama.server_args()),
+        f"--server-args={shell_join(llama.server_args())}",  # "=": a value like "--metrics" is no flag
         "--termination-message-path", "/dev/termination-log",
         "--budget-seconds", f"{request.budget_seconds:g}",
         "--wait-seconds", f"{max(1.0, request.timeout_seconds - request.budget_seconds):g}",

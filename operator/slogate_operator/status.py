@@ -125,7 +125,10 @@ def calibration_summary(profile: CalibrationProfile, container_fingerprint: str,
 
 
 def thresholds_summary(thresholds: Thresholds, configmap: str) -> dict[str, Any]:
-    """The thresholds in force (the whole document is in the ConfigMap)."""
+    """The thresholds in force (the whole document is in the ConfigMap).
+
+    ``defaultClassTtftSeconds`` and ``tokenBudget`` are the default class's, for the
+    Default-TTFT and Token-Budget printer columns: the SLO and the budget derived from it."""
     default = next(c for c in thresholds.classes if c.name == thresholds.default_class)
     return {
         "calibrationId": thresholds.calibration_id,
@@ -139,10 +142,12 @@ def thresholds_summary(thresholds: Thresholds, configmap: str) -> dict[str, Any]
         "kvCapacityTokens": thresholds.kv_capacity_tokens,
         "perRequestMaxTokens": thresholds.per_request_max_tokens,
         "defaultClass": thresholds.default_class,
+        "defaultClassTtftSeconds": default.ttft_slo_seconds,
         "tokenBudget": int(default.token_budget),
         "classes": [
             {
                 "name": c.name,
+                "ttftSloSeconds": c.ttft_slo_seconds,
                 "ttftBudgetSeconds": c.ttft_budget_seconds,
                 "tokenBudget": int(c.token_budget),
                 "concurrencyCap": c.concurrency_cap,

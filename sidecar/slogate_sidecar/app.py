@@ -2,15 +2,17 @@
 
 Proxy port: the inference API, /v1/models and /health passed through, /healthz
 (alive) and /readyz (thresholds loaded and upstream healthy). Admin port: the admin
-API and /metrics. The poller reads the upstream's /health and /metrics counters
-every ``poll_interval_s``; rates come from counter deltas (llama-server's gauges
-reset on every scrape, so they are never used).
+API and /metrics. Both log one access line per request unless ``access_log`` is
+off. The poller reads the upstream's /health and /metrics counters every
+``poll_interval_s``; rates come from counter deltas (llama-server's gauges reset on
+every scrape, so they are never used).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import time
 from collections.abc import AsyncIterator
@@ -18,7 +20,7 @@ from functools import partial
 
 import aiohttp
 from aiohttp import web
-from aiohttp.typedefs import Handler
+from aiohttp.typedefs import Handler, Middleware
 from pydantic import ValidationError
 
 from slogate_admission.schema import Thresholds
@@ -33,6 +35,7 @@ from slogate_sidecar.settings import SidecarSettings
 from slogate_sidecar.state import Sidecar
 
 log = logging.getLogger("slogate.sidecar")
+access_log = logging.getLogger("slogate.sidecar.access")
 
 
 def build_sidecar(settings: SidecarSettings) -> Sidecar:
@@ -64,25 +67,88 @@ def boot_problem(problem: OSError | ValueError) -> str:
     return f"{where}: {first['msg']}{more}"
 
 
-@web.middleware
-async def json_errors(request: web.Request, handler: Handler) -> web.StreamResponse:
+ADMIN_PATHS = ("/slogate/", "/metrics")
+"""Paths served on the admin port only: asked on the client port, the 404 says where."""
+
+
+def json_errors(admin_port: int | None = None) -> Middleware:
     """aiohttp's own refusals (404, 405, 413) as OpenAI-style JSON, like every other error;
-    an unexpected exception is logged whole and answered with a JSON 500."""
+    an unexpected exception is logged whole and answered with a JSON 500. Given
+    ``admin_port`` (the client port's middleware), a 404 for an admin path says it is there."""
+
+    @web.middleware
+    async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+        try:
+            return await handler(request)
+        except web.HTTPException as refusal:
+            if refusal.status < 400:
+                raise
+            message = f"{refusal.reason}: {request.method} {request.path}"
+            if refusal.status == 404 and admin_port is not None and request.path.startswith(ADMIN_PATHS):
+                where = f"admin port ({admin_port})" if admin_port else "admin port"
+                message += f" is served on the sidecar's {where}, not on this client port"
+            elif refusal.status == 404:
+                message += " is not an endpoint of the slogate sidecar"
+            kept = {k: v for k, v in refusal.headers.items() if k.lower() in ("allow", "retry-after")}
+            return responses.error(refusal.status, message, kind="invalid_request_error",
+                                   code=refusal.reason.lower().replace(" ", "_"), headers=kept)  # fmt: skip
+        except Exception:
+            log.exception("unexpected error handling %s %s", request.method, request.path)
+            return responses.error(500, "internal error in the slogate sidecar (logged)", kind="server_error",
+                                   code="internal_error")  # fmt: skip
+
+    return middleware
+
+
+CLIENT_GONE = 499
+"""The access log's status for a request whose client left before the answer (nginx's)."""
+
+
+@web.middleware
+async def log_access(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """One info line per request, after it ends (a stream: after its last byte).
+
+    Class and outcome are read from the answer (the class header of a forwarded request,
+    the ``slogate`` details of a rejection), so the gate keeps no extra state for them;
+    with the logger above INFO nothing is formatted at all."""
+    started = time.perf_counter()
+    status, response = CLIENT_GONE, None
     try:
-        return await handler(request)
-    except web.HTTPException as refusal:
-        if refusal.status < 400:
-            raise
-        message = f"{refusal.reason}: {request.method} {request.path}"
-        if refusal.status == 404:
-            message += " is not an endpoint of the slogate sidecar"
-        kept = {k: v for k, v in refusal.headers.items() if k.lower() in ("allow", "retry-after")}
-        return responses.error(refusal.status, message, kind="invalid_request_error",
-                               code=refusal.reason.lower().replace(" ", "_"), headers=kept)  # fmt: skip
-    except Exception:
-        log.exception("unexpected error handling %s %s", request.method, request.path)
-        return responses.error(500, "internal error in the slogate sidecar (logged)", kind="server_error",
-                               code="internal_error")  # fmt: skip
+        response = await handler(request)
+        status = response.status
+        return response
+    except web.HTTPException as answer:  # redirects only: json_errors answers every error
+        status = answer.status
+        raise
+    finally:
+        if access_log.isEnabledFor(logging.INFO):
+            klass, outcome = admission_of(response)
+            access_log.info("%s %s %d class=%s outcome=%s %.1fms", request.method, request.path, status, klass,
+                            outcome, (time.perf_counter() - started) * 1000)  # fmt: skip
+
+
+def admission_of(response: web.StreamResponse | None) -> tuple[str, str]:
+    """(class, outcome) of a gated request's answer; ("-", "-") for anything else."""
+    if response is None:
+        return "-", "-"
+    klass = response.headers.get("X-Slogate-Class")
+    if klass is not None:  # set on every admitted request's answer
+        return klass, "degrade" if "X-Slogate-Degraded" in response.headers else "admit"
+    body = response.body if isinstance(response, web.Response) and response.status in (400, 429) else None
+    if isinstance(body, bytes) and b'"slogate"' in body:  # a rejection: a small JSON body
+        try:
+            details = json.loads(body).get("slogate")
+        except (ValueError, AttributeError):  # not the sidecar's own JSON object after all
+            return "-", "-"
+        if isinstance(details, dict):
+            return str(details.get("class", "-")), str(details.get("outcome", "-"))
+    return "-", "-"
+
+
+def middlewares(sidecar: Sidecar, admin_port: int | None = None) -> list[Middleware]:
+    """The access log outermost (it sees the final status), then JSON errors."""
+    errors = json_errors(admin_port)
+    return [log_access, errors] if sidecar.settings.access_log else [errors]
 
 
 MAX_LINE_BYTES = 8190
@@ -125,7 +191,10 @@ async def poll_upstream(sidecar: Sidecar) -> None:
 
 def proxy_app(sidecar: Sidecar) -> web.Application:
     """The client-facing application."""
-    app = web.Application(client_max_size=sidecar.settings.max_body_bytes, middlewares=[json_errors])
+    app = web.Application(
+        client_max_size=sidecar.settings.max_body_bytes,
+        middlewares=middlewares(sidecar, admin_port=sidecar.settings.admin_port),
+    )
     inference = InferenceProxy(sidecar)
     for route in Route:
         app.router.add_post(route.value, inference.handle)
@@ -156,7 +225,7 @@ def proxy_app(sidecar: Sidecar) -> web.Application:
 
 def admin_app(sidecar: Sidecar) -> web.Application:
     """The operator- and Prometheus-facing application."""
-    app = web.Application(client_max_size=admin.MAX_THRESHOLDS_BYTES, middlewares=[json_errors])
+    app = web.Application(client_max_size=admin.MAX_THRESHOLDS_BYTES, middlewares=middlewares(sidecar))
     app.router.add_put("/slogate/v1/thresholds", partial(admin.put_thresholds, sidecar))
     app.router.add_get(openapi.OPENAPI_PATH, openapi.get_openapi)
     app.router.add_get("/slogate/v1/state", partial(admin.get_state, sidecar))

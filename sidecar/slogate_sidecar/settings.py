@@ -56,3 +56,6 @@ class SidecarSettings:
     """A live rate older than this is stale: the calibrated rate is used instead."""
     expose_upstream_admin: bool = False
     """Pass llama-server's other endpoints (/slots, /props, ...) through; off by default."""
+    access_log: bool = True
+    """One info line per request on logger ``slogate.sidecar.access``: method, path, status,
+    class, outcome, duration. Off: no per-request work at all (the middleware is absent)."""

@@ -25,11 +25,13 @@ def test_demo_prints_both_scenarios(calibrated_profile: CalibrationProfile, tmp_
     assert f"using cached profile {calibrated_profile.id}" in done.stderr
     assert "llama-server alone" in done.stdout
     assert "through slogate" in done.stdout
-    gated = next(line for line in done.stdout.splitlines() if "through slogate" in line)
-    cells = [c.strip() for c in gated.split("│") if c.strip()]
-    sent, within, rejected = int(cells[1]), int(cells[2]), int(cells[3])
-    assert sent > 0
-    assert rejected > 0  # 3x the capacity: the gate must refuse some
-    assert within > 0
+    lines = done.stdout.splitlines()
+    header = [c.strip() for c in next(line for line in lines if "served late" in line).split("┃")[1:-1]]
+    outcomes = ("within SLO", "served late", "rejected", "refused", "timed out", "errors")
+    for name in ("llama-server alone", "through slogate"):
+        row = dict(zip(header, [c.strip() for c in next(x for x in lines if name in x).split("│")[1:-1]], strict=True))
+        assert sum(int(row[c]) for c in outcomes) == int(row["sent"]) > 0, row  # every request accounted for
+    assert int(row["rejected"]) > 0  # through slogate at 3x the capacity: the gate must refuse some
+    assert int(row["within SLO"]) > 0
     assert (tmp_path / "demo.png").read_bytes().startswith(b"\x89PNG")
     assert f"plot: {tmp_path / 'demo.png'}" in done.stdout.replace("\n", "")

@@ -16,7 +16,7 @@ def up(server: LlamaServer, state: Path, *extra: str) -> subprocess.CompletedPro
         [
             sys.executable, "-m", "slogate_cli.main", "up", "--once", "--no-progress",
             "--upstream", server.url, "--server-args", shlex.join(server.args[1:]),
-            "--state-dir", str(state), "--slo-ttft", "2", "--classes", "interactive:1:1,batch:10",
+            "--state-dir", str(state), "--slo-ttft", "10", "--classes", "interactive:1:1,batch",
             *extra,
         ],
         capture_output=True, text=True, check=False, timeout=600,

@@ -15,7 +15,7 @@ def profile() -> CalibrationProfile:
 def two_class_policy() -> Policy:
     return Policy.model_validate(
         {
-            "slo": {"ttftSeconds": 2.0, "timePerOutputTokenSeconds": 0.05},
+            "slo": {"timePerOutputTokenSeconds": 0.05},  # both classes set their own TTFT SLO
             "concurrency": {"max": 4},
             "classes": [
                 {"name": "interactive", "ttftSeconds": 1.0, "reservedSlots": 1},

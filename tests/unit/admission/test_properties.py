@@ -12,7 +12,7 @@ from slogate_admission.schema import Policy
 
 POLICY = Policy.model_validate(
     {
-        "slo": {"ttftSeconds": 2.0, "timePerOutputTokenSeconds": 0.05},
+        "slo": {"timePerOutputTokenSeconds": 0.05},  # every class sets its own TTFT SLO
         "classes": [
             {"name": "gold", "ttftSeconds": 1.0, "reservedSlots": 1},
             {"name": "silver", "ttftSeconds": 3.0, "reservedSlots": 1},

@@ -2,26 +2,32 @@
 
 from __future__ import annotations
 
+import json
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 import numpy as np
 import pytest
 
 from builders import smollm2_profile
 from slogate_admission.derivation import derive_thresholds
-from slogate_admission.schema import Policy
-from slogate_bench.report import overhead_targets, targets, write_report
+from slogate_admission.schema import CalibrationProfile, Policy
+from slogate_bench.load import Outcome, Result, Run
+from slogate_bench.report import OUTCOME_COLUMNS, outcome_counts, overhead_targets, targets, write_report
 from slogate_bench.scenario import SampledLengths
+
+REPO = Path(__file__).resolve().parents[3]
 
 
 def run(scenario: str, load: float, goodput: float, *, ok: int = 20, within: int = 20, rejected: int = 0,
-        refused: int = 0, workload: str = "chat", retry: str = "none") -> dict[str, Any]:  # fmt: skip
+        refused: int = 0, timeout: int = 0, error: int = 0, workload: str = "chat",
+        retry: str = "none") -> dict[str, Any]:  # fmt: skip
+    sent = ok + rejected + refused + timeout + error
     return {
         "scenario": scenario, "load": load, "workload": workload, "retry": retry,
-        "requests": ok + rejected + refused, "arrivals": ok + rejected + refused, "ok": ok, "within_slo": within,
-        "rejected": rejected, "refused": refused, "timeout": 0, "error": 0, "goodput_rps": goodput,
+        "requests": sent, "arrivals": sent, "ok": ok, "within_slo": within,
+        "rejected": rejected, "refused": refused, "timeout": timeout, "error": error, "goodput_rps": goodput,
         "ttft_p50_s": 0.5, "ttft_p99_s": 1.5, "rejection_latency_p50_s": 0.001 if rejected else None,
         "offered_rps": load, "effective_rps": load, "rejection_probability": 0.0,
         "client_cpu_per_request_s": 0.01, "client_cpu_share": 0.02, "max_lag_s": 0.0,
@@ -33,11 +39,13 @@ def run(scenario: str, load: float, goodput: float, *, ok: int = 20, within: int
 def raw_results(slogate_4x: float) -> dict[str, Any]:
     runs = []
     for load in (0.5, 1.0, 2.0, 4.0):
-        runs.append(run("direct", load, 0.4 / load))
-        runs.append(run("count-cap", load, 0.5))
-        runs.append(run("rate-limit", load, 0.5))
+        runs.append(run("direct", load, 0.4 / load, within=12, timeout=int(10 * load), error=1))
+        runs.append(run("count-cap", load, 0.5, within=18, rejected=3))
+        runs.append(run("rate-limit", load, 0.5, within=19, rejected=2, timeout=1))
     runs += [run("slogate", 0.5, 0.4), run("slogate", 1.0, 0.8), run("slogate", 2.0, 0.8, rejected=10, refused=1),
-             run("slogate", 4.0, slogate_4x, rejected=30, refused=2)]  # fmt: skip
+             run("slogate", 4.0, slogate_4x, rejected=30, refused=2),
+             run("slogate", 2.0, 0.5, within=15, rejected=9, timeout=2, retry="backoff"),
+             run("count-cap", 2.0, 0.3, within=6, rejected=5, timeout=4, workload="heavy_tail")]  # fmt: skip
     return {"environment": {"date": "today"}, "profile": "p", "slo_s": 2.0, "seconds": 40.0, "runs": runs}
 
 
@@ -82,6 +90,75 @@ def test_the_report_has_every_section_and_the_plots(tmp_path: Path) -> None:
     assert "| 30 | 2 |" in row_4x  # rejected and refused (never fits) in their own columns
     for png in ("goodput.png", "ttft_cdf_2x.png", "latency_vs_utilization.png"):
         assert (tmp_path / "bench" / png).read_bytes().startswith(b"\x89PNG")
+    assert_tables_add_up(text, rows=18)
+
+
+def results_tables(markdown: str) -> list[list[dict[str, str]]]:
+    """Every markdown table with a `sent` column, as rows of {header: cell}."""
+    tables: list[list[dict[str, str]]] = []
+    lines = markdown.splitlines()
+    for i, line in enumerate(lines[:-1]):
+        if not line.startswith("| ") or not lines[i + 1].startswith("| ---"):
+            continue
+        header = [c.strip() for c in line.strip("|").split("|")]
+        if "sent" not in header:
+            continue
+        rows = []
+        for body in lines[i + 2 :]:
+            if not body.startswith("|"):
+                break
+            cells = [c.strip() for c in body.strip("|").split("|")]
+            assert len(cells) == len(header), body
+            rows.append(dict(zip(header, cells, strict=True)))
+        tables.append(rows)
+    return tables
+
+
+def assert_tables_add_up(markdown: str, *, rows: int) -> None:
+    """Each results table has every outcome column, and in each row they add up to `sent`."""
+    checked = 0
+    for table in results_tables(markdown):
+        for row in table:
+            assert set(OUTCOME_COLUMNS) <= set(row), row
+            assert sum(int(row[c]) for c in OUTCOME_COLUMNS) == int(row["sent"]), row
+            checked += 1
+    assert checked == rows
+
+
+def test_the_published_benchmark_tables_add_up() -> None:
+    """docs/benchmarks.md as committed: within SLO + served late + rejected + refused + timed out + errors = sent."""
+    published = json.loads((REPO / "docs" / "bench" / "results.json").read_text())
+    assert_tables_add_up((REPO / "docs" / "benchmarks.md").read_text(), rows=len(published["runs"]))
+
+
+def test_tables_re_rendered_from_the_published_runs_add_up(tmp_path: Path) -> None:
+    raw = json.loads((REPO / "docs" / "bench" / "results.json").read_text())
+    profile = CalibrationProfile.model_validate_json((REPO / "docs" / "bench" / "profile.json").read_text())
+    policy = Policy.model_validate({"slo": {"ttftSeconds": raw["slo_s"]}, "deferral": {"maxWaitSeconds": 0.5}})
+    thresholds = derive_thresholds(policy, profile, derived_at=datetime(2026, 1, 1, tzinfo=UTC))
+    out = tmp_path / "benchmarks.md"
+    write_report(raw, profile, thresholds, out, tmp_path / "bench")
+    assert_tables_add_up(out.read_text(), rows=len(raw["runs"]))
+    assert any(int(row["served late"]) for table in results_tables(out.read_text()) for row in table)
+
+
+def test_every_outcome_the_load_generator_records_has_a_column() -> None:
+    """A run holding one request of each outcome kind (and one served late) is fully accounted for."""
+    results = [Result(kind, 200, 0.5 if kind == "ok" else None, 1.0) for kind in get_args(Outcome)]
+    results += [Result("ok", 200, 3.0, 4.0), Result("ok", 200, None, 1.0)]  # late; served without a token
+    names = {"scenario": "x", "workload": "chat", "retry": "none", "load": 1.0}
+    summary = Run(10.0, results).summary(slo_s=2.0) | names
+    counts = dict(zip(OUTCOME_COLUMNS, outcome_counts(summary), strict=True))
+    assert sum(counts.values()) == len(results)
+    assert counts["within SLO"] == 1
+    assert counts["served late"] == 2
+    assert all(counts[c] == 1 for c in ("rejected", "refused", "timed out", "errors"))
+
+
+def test_a_run_that_does_not_add_up_is_refused() -> None:
+    broken = run("slogate", 2.0, 0.5, within=15, rejected=4) | {"requests": 30}
+    with pytest.raises(ValueError, match=r"slogate chat none at 2x: 15 \+ 5 \+ 4 \+ 0 \+ 0 \+ 0 != 30 sent"):
+        outcome_counts(broken)
 
 
 def test_sampled_lengths_draw_only_their_samples() -> None:

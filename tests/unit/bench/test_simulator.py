@@ -11,13 +11,14 @@ import pytest
 
 from builders import smollm2_profile
 from slogate_admission.decision import Decision, decide
-from slogate_admission.derivation import derive_thresholds
+from slogate_admission.derivation import derive_thresholds, longest_prompt_within
 from slogate_admission.queueing import mm1_time_in_system
 from slogate_admission.schema import Policy, Thresholds
 from slogate_bench import simulator
 from slogate_bench.scenario import (
     CountCap,
     GateKind,
+    SampledLengths,
     ServerModel,
     SimulationResult,
     TokenLengths,
@@ -27,8 +28,9 @@ from slogate_bench.scenario import (
     mm1_config,
 )
 from slogate_bench.simulator import simulate
+from slogate_bench.workloads import preset
 from slogate_cli.arguments import OneLineParser
-from slogate_cli.simulate_command import add_parser, build_parser
+from slogate_cli.simulate_command import add_parser, build_parser, share_over, table
 
 SLO_S = 2.0
 SERVER = ServerModel.from_profile(smollm2_profile())
@@ -300,3 +302,97 @@ def test_add_parser_registers_simulate_like_the_dispatcher_does(
     (r,) = [r for r in json.loads(capsys.readouterr().out)["runs"] if r["gate"] == "slogate"]
     assert r["load"] == 2.0
     assert r["completed_within_slo"] == r["admitted"]
+
+
+# --------------------------------------------------------------------------- the CLI: workload and classes
+
+
+def test_the_default_workload_is_the_benchmarks_chat_mix(profile_file: Path) -> None:
+    args = build_parser().parse_args(["--profile", str(profile_file), "--slo-ttft", "2"])
+    draws = preset("chat").draws(5000)
+    assert args.prompt_tokens == SampledLengths(tuple(n_in for n_in, _ in draws))
+    assert args.output_tokens == SampledLengths(tuple(n_out for _, n_out in draws))
+    assert build_parser().parse_args(["--profile", "p", "--prompt-tokens", "512"]).prompt_tokens == TokenLengths(
+        512, 512
+    )
+
+
+def json_report(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[dict[str, Any], list[str]]:
+    code = cli("--duration", "60", "--load", "1x", "--json", *argv)
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    return json.loads(out), err.splitlines()
+
+
+def test_a_workload_whose_own_prefill_misses_the_slo_is_warned_with_its_share(
+    profile_file: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # The case: every prompt takes longer than the SLO to prefill alone (512 tokens:
+    # 1.53 s on the test profile, 1.4 s SLO): every row 0 req/s, now with the reason.
+    report, err = json_report(capsys, "--profile", str(profile_file), "--slo-ttft", "1.4", "--prompt-tokens", "512")
+    assert err == [
+        "slogate simulate: warning: every request of the workload needs more than the 1.4 s TTFT SLO of class "
+        "'default' for its own prefill on an idle server (only prompts up to 468 tokens fit): no gate serves any "
+        "within it, goodput is 0"
+    ]
+    assert report["warnings"] == [err[0].removeprefix("slogate simulate: warning: ")]
+    assert {r["goodput_rps"] for r in report["runs"]} == {0.0}
+    # The chat mix at 2 s: the share of its draws over the longest prompt an idle server prefills in 2 s.
+    report, err = json_report(capsys, "--profile", str(profile_file), "--slo-ttft", "2", "--gate", "none")
+    longest = longest_prompt_within(SERVER.prefill, 2.0)
+    share = sum(1 for n, _ in preset("chat").draws(5000) if n > longest) / 5000
+    assert 0 < share < 0.01
+    assert err == [
+        f"slogate simulate: warning: {share:.1%} of the workload's requests (prompts over {longest} tokens) need "
+        "more than the 2 s TTFT SLO of class 'default' for their own prefill on an idle server: no gate serves "
+        f"them within it, so goodput is at most {1 - share:.1%} of the offered rate"
+    ]
+    # A workload that fits on an idle server: no warning (the threshold is any request at all).
+    report, err = json_report(capsys, "--profile", str(profile_file), "--slo-ttft", "2", "--prompt-tokens", "100-400")
+    assert (err, report["warnings"]) == ([], [])
+
+
+def test_share_over_counts_the_lengths_beyond() -> None:
+    assert share_over(TokenLengths(100, 199), 149) == 0.5
+    assert share_over(TokenLengths(100, 199), 99) == 1.0
+    assert share_over(TokenLengths(100, 199), 199) == 0.0
+    assert share_over(TokenLengths.fixed(512), 511) == 1.0
+    assert share_over(SampledLengths((10, 20, 30, 40)), 25) == 0.5
+
+
+def test_slo_ttft_is_the_slo_of_classes_without_their_own_and_the_title_names_each(
+    profile_file: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = ("--profile", str(profile_file), "--classes", "interactive:1:1,batch", "--gate", "none")
+    report, _ = json_report(capsys, *argv, "--slo-ttft", "10")
+    assert report["classes"] == [{"name": "interactive", "ttft_slo_s": 1.0}, {"name": "batch", "ttft_slo_s": 10.0}]
+    assert (report["default_class"], report["ttft_slo_s"]) == ("batch", 10.0)  # what goodput counts
+    title = str(table(report).title)
+    assert "TTFT SLO interactive 1 s, batch 10 s (arrivals: batch, the default class)" in title
+    report_50, _ = json_report(capsys, *argv, "--slo-ttft", "50")
+    assert report_50["classes"][1] == {"name": "batch", "ttft_slo_s": 50.0}
+
+
+def test_slo_ttft_beside_classes_that_all_set_their_own_is_refused(
+    profile_file: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code = cli("--profile", str(profile_file), "--slo-ttft", "2", "--classes", "interactive:1:1,batch:10")
+    assert code == 2
+    assert capsys.readouterr().err.splitlines() == [
+        "slogate simulate: error: --slo-ttft 2 applies to no class: every class in --classes sets its own ttft "
+        "(interactive:1, batch:10); drop --slo-ttft, or a class's ttft to give it --slo-ttft's"
+    ]
+
+
+def test_slogate_warns_of_prompts_beyond_a_budget_the_classes_above_cap(
+    profile_file: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _, err = json_report(
+        capsys, "--profile", str(profile_file), "--classes", "interactive:1:1,batch:10", "--gate", "slogate"
+    )
+    longest = longest_prompt_within(SERVER.prefill, 1.0)
+    share = sum(1 for n, _ in preset("chat").draws(5000) if n > longest) / 5000
+    assert err == [
+        f"slogate simulate: warning: slogate never admits {share:.1%} of the workload's requests (prompts over "
+        f"{longest} tokens): the admit-now TTFT budget of class 'batch' is 1 s, capped by the classes above it"
+    ]

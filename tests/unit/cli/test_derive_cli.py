@@ -29,7 +29,7 @@ def derive(*args: str) -> subprocess.CompletedProcess[str]:
 def test_derive_prints_thresholds(profile_file: Path, tmp_path: Path) -> None:
     out = tmp_path / "thresholds.json"
     done = derive(
-        "--profile", str(profile_file), "--slo-ttft", "2", "--slo-tpot", "0.02",
+        "--profile", str(profile_file), "--slo-tpot", "0.02",
         "--classes", "interactive:1.0:1,batch:10", "--out", str(out),
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
@@ -83,3 +83,82 @@ def test_parse_classes() -> None:
         {"name": "batch", "ttftSeconds": 10.0},
         {"name": "bulk"},
     ]
+
+
+def test_an_slo_below_the_smallest_useful_prompt_is_refused_naming_the_smallest(profile_file: Path) -> None:
+    done = derive("--profile", str(profile_file), "--slo-ttft", "0.01")
+    assert done.returncode == 2
+    assert done.stdout == ""
+    (line,) = done.stderr.splitlines()
+    # T_prefill(32) = 0.02 + 0.0029 · 32 + 1e-7 · 32² = 0.1129 s on the test profile.
+    assert "a 32-token prompt, the smallest useful one" in line
+    assert line.endswith("the smallest TTFT SLO this calibration can meet is 0.113 s")
+    assert derive("--profile", str(profile_file), "--slo-ttft", "0.113").returncode == 0
+
+
+def test_an_slo_short_of_the_reference_prompt_derives_with_a_warning(profile_file: Path) -> None:
+    done = derive("--profile", str(profile_file), "--slo-ttft", "1")
+    assert done.returncode == 0
+    Thresholds.model_validate_json(done.stdout)
+    assert done.stderr.splitlines() == [
+        "slogate derive: warning: class 'default': prompts over 334 tokens are never admitted within its 1 s "
+        "TTFT budget (a 512-token prompt needs 1.53 s on the calibrated server)"
+    ]
+    assert derive("--profile", str(profile_file), "--slo-ttft", "2").stderr == ""
+
+
+def test_a_bad_class_name_is_explained_not_a_regex(profile_file: Path) -> None:
+    done = derive("--profile", str(profile_file), "--slo-ttft", "2", "--classes", "interactive=1")
+    assert done.returncode == 2
+    (line,) = done.stderr.splitlines()
+    assert "argument --classes: class name 'interactive=1': lowercase letters, digits and '-' only" in line
+    assert "name:ttft[:reserved]" in line
+    assert "^[a-z0-9]" not in line
+
+
+def test_slo_ttft_is_the_slo_of_every_class_without_its_own(profile_file: Path) -> None:
+    def class_slos(slo_ttft: str) -> dict[str, float]:
+        done = derive("--profile", str(profile_file), "--slo-ttft", slo_ttft, "--classes", "interactive:1:1,batch")
+        assert done.returncode == 0, done.stderr
+        return {c.name: c.ttft_slo_seconds for c in Thresholds.model_validate_json(done.stdout).classes}
+
+    assert class_slos("20") == {"interactive": 1.0, "batch": 20.0}
+    assert class_slos("50") == {"interactive": 1.0, "batch": 50.0}
+
+
+@pytest.mark.parametrize(
+    ("args", "line"),
+    [
+        (
+            ["--slo-ttft", "2", "--classes", "interactive:1:1,batch:10"],
+            "slogate derive: error: --slo-ttft 2 applies to no class: every class in --classes sets its own ttft "
+            "(interactive:1, batch:10); drop --slo-ttft, or a class's ttft to give it --slo-ttft's",
+        ),
+        (
+            ["--classes", "interactive:1:1,batch,bulk"],
+            "slogate derive: error: give --slo-ttft: it is the TTFT SLO of the classes without a ttft of their own "
+            "in --classes (batch, bulk)",
+        ),
+        (
+            ["--slo-tpot", "0.05"],
+            "slogate derive: error: give --slo-ttft (or --policy): it is the TTFT SLO of the one class, default",
+        ),
+    ],
+)
+def test_slo_ttft_is_refused_where_it_applies_to_no_class_and_required_where_one_lacks_its_own(
+    profile_file: Path, args: list[str], line: str
+) -> None:
+    done = derive("--profile", str(profile_file), *args)
+    assert done.returncode == 2
+    assert done.stdout == ""
+    assert done.stderr.splitlines() == [line]
+
+
+def test_the_help_states_what_slo_ttft_means() -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "slogate_cli.main", "derive", "--help"],
+        capture_output=True, text=True, check=False, timeout=60, env={"COLUMNS": "400", "PATH": ""},
+    )  # fmt: skip
+    text = " ".join(done.stdout.split())
+    assert "TTFT SLO, seconds, of every class in --classes without a ttft of its own" in text
+    assert "required unless every class sets its own, refused if every class does" in text

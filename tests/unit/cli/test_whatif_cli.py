@@ -115,3 +115,34 @@ def test_bad_input_is_one_line_and_exit_2(args: list[str], fragment: str) -> Non
 def test_console_script_is_installed() -> None:
     scripts = importlib.metadata.entry_points(group="console_scripts")
     assert scripts["slogate"].value == "slogate_cli.main:main"
+
+
+def test_a_request_that_can_never_fit_is_not_told_to_retry() -> None:
+    # 800 tokens at 330 tok/s take 2.4 s alone: a 0.05 s SLO is never met, however empty the queue.
+    out = what_if("--prefill-tps", "330", "--ttft-slo", "0.05", "--prompt-tokens", "800", "--queued-tokens", "0")
+    assert out["admit"] is False
+    assert out["fits_ever"] is False
+    assert out["reasons"] == ["ttft", "never_fits"]
+    assert out["retry_after_s"] is None
+
+
+def test_a_request_beyond_one_slot_never_fits() -> None:
+    out = what_if("--prompt-tokens", "2000", "--max-tokens", "256", "--slot-tokens", "2048")
+    assert out["reasons"] == ["kv", "never_fits"]
+    assert out["retry_after_s"] is None
+
+
+@pytest.mark.parametrize(
+    ("args", "fragment"),
+    [
+        ([], "give at least one input, e.g. --prefill-tps"),
+        (["--layers", "30"], "--layers also needs --kv-heads, --head-dim, --kv-bytes-per-elem"),
+        (["--layers", "30", "--kv-heads", "3", "--kv-bytes-per-token", "2"], "not both"),
+    ],
+)
+def test_inputs_that_would_be_ignored_are_refused(args: list[str], fragment: str) -> None:
+    done = run(*args)
+    assert done.returncode == 2
+    assert done.stdout == ""
+    (line,) = done.stderr.splitlines()
+    assert fragment in line

@@ -12,6 +12,7 @@ import kubernetes_validate
 import pytest
 
 from operator_harness import llama_deployment
+from slogate_cli.main import build_parser
 from slogate_operator import builders, names
 from slogate_operator.fingerprint import container_fingerprint, llama_container
 from slogate_operator.injection import (
@@ -88,7 +89,8 @@ def test_job_runs_the_target_container_as_native_sidecar_and_the_calibrator_as_m
     assert args[args.index("--model") + 1] == "/model/SmolLM2-135M-Instruct.Q4_1.gguf"
     assert args[args.index("--budget-seconds") + 1] == "90"
     assert args[args.index("--wait-seconds") + 1] == "210"  # timeoutSeconds 300 - budget 90
-    assert "-t 2 -np 4 -c 8192" in args[args.index("--server-args") + 1]
+    (server_args,) = [a for a in args if a.startswith("--server-args=")]
+    assert "-t 2 -np 4 -c 8192" in server_args
     assert calibrator["terminationMessagePolicy"] == "FallbackToLogsOnError"
     *model_mounts, tmp = calibrator["volumeMounts"]
     assert all(m["readOnly"] for m in model_mounts)
@@ -100,6 +102,15 @@ def test_job_runs_the_target_container_as_native_sidecar_and_the_calibrator_as_m
     assert job["spec"]["activeDeadlineSeconds"] == 300
     assert job["spec"]["ttlSecondsAfterFinished"] == 3600
     assert job["metadata"]["ownerReferences"][0]["uid"] == POLICY.uid
+
+
+def test_the_calibrators_arguments_parse_even_when_the_servers_look_like_one_flag() -> None:
+    """``--server-args --metrics`` would make argparse take ``--metrics`` for a flag of its own."""
+    dep = deployment(args=["--metrics"])
+    calibrator = job_for(dep)["spec"]["template"]["spec"]["containers"][0]
+    parsed = build_parser().parse_args(calibrator["args"])
+    assert tuple(parsed.server_args) == ("--metrics",)  # the shell words of the one string
+    assert parsed.upstream == "http://127.0.0.1:8080"
 
 
 def test_job_name_is_deterministic_short_and_per_fingerprint() -> None:

@@ -13,7 +13,6 @@ import functools
 import json
 import os
 import re
-import socket
 import threading
 import time
 from collections import Counter
@@ -37,6 +36,7 @@ from operator_harness import (
     passes,
     running_operator,
 )
+from ports import free_ports
 from slogate_calibration.output import compact_json
 from slogate_operator import names
 
@@ -59,7 +59,7 @@ class CountingSidecars:
 
     def __init__(self, cluster: Cluster, count: int, *, hang: bool = False) -> None:
         self.cluster, self.hang = cluster, hang
-        self.port = _free_port()
+        (self.port,) = free_ports()
         self.requests: Counter[str] = Counter()
         self.open = 0
         self.release = threading.Event()
@@ -93,12 +93,6 @@ class CountingSidecars:
         self.release.set()
         for runner in self._runners:
             self.cluster.loop.run(runner.cleanup())
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 @pytest.fixture

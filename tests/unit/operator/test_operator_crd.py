@@ -23,10 +23,12 @@ import pytest
 import yaml
 from pydantic import BaseModel
 
+from builders import NOW, smollm2_profile
 from operator_harness import CRD, SCHEMA
+from slogate_admission.derivation import derive_thresholds
 from slogate_admission.schema import Policy
 from slogate_operator.spec import OperatorSpec, SpecError, parse_spec
-from slogate_operator.status import ConditionType
+from slogate_operator.status import ConditionType, thresholds_summary
 
 EXAMPLES = Path(__file__).resolve().parents[3] / "examples"
 CEL = celpy.Environment()
@@ -149,6 +151,14 @@ def _set(path: str, value: Any) -> Callable[[dict[str, Any]], None]:
     return change
 
 
+def _all(*changes: Callable[[dict[str, Any]], None]) -> Callable[[dict[str, Any]], None]:
+    def change(policy: dict[str, Any]) -> None:
+        for one in changes:
+            one(policy)
+
+    return change
+
+
 _DELETE = object()
 INVALID: dict[str, Callable[[dict[str, Any]], None]] = {
     "ttft zero": _set("slo.ttftSeconds", 0),
@@ -156,8 +166,13 @@ INVALID: dict[str, Callable[[dict[str, Any]], None]] = {
     "quantile one": _set("slo.quantile", 1),
     "quantile zero": _set("slo.quantile", 0),
     "tpot zero": _set("slo.timePerOutputTokenSeconds", 0),
-    "no slo": _set("slo", _DELETE),
-    "no ttft": _set("slo.ttftSeconds", _DELETE),
+    # slo.ttftSeconds is the TTFT SLO of every class without its own: required exactly when
+    # one lacks it (or no classes are listed), refused when every class sets its own.
+    "slo.ttftSeconds beside classes that all set their own (CEL)": _set("slo.ttftSeconds", 2.0),
+    "a class without ttftSeconds and no slo.ttftSeconds (CEL)": _set("classes.1.ttftSeconds", _DELETE),
+    "no slo, a class without ttftSeconds (CEL)": _all(_set("slo", _DELETE), _set("classes.0.ttftSeconds", _DELETE)),
+    "no classes and no slo.ttftSeconds (CEL)": _set("classes", _DELETE),
+    "an empty class list and no slo.ttftSeconds (CEL)": _set("classes", []),
     "unknown estimate": _set("outputTokens.estimate", "Mean"),
     "output default zero": _set("outputTokens.default", 0),
     "output quantile above one": _set("outputTokens.quantile", 1.2),
@@ -217,6 +232,42 @@ def test_invalid_variants_are_refused_by_both(case: str) -> None:
         assert list(jsonschema.Draft4Validator(SCHEMA).iter_errors(policy)) == []
 
 
+VALID: dict[str, Callable[[dict[str, Any]], None]] = {
+    "slo.ttftSeconds for the one class without its own": _all(
+        _set("slo.ttftSeconds", 20), _set("classes.1.ttftSeconds", _DELETE)
+    ),
+    "no slo at all, every class its own ttftSeconds": _set("slo", _DELETE),
+    "no classes, slo.ttftSeconds": _all(_set("classes", _DELETE), _set("slo.ttftSeconds", 2)),
+}
+
+
+@pytest.mark.parametrize("case", sorted(VALID))
+def test_valid_variants_pass_both(case: str) -> None:
+    policy = _base()
+    VALID[case](policy)
+    assert crd_errors(policy) == []
+    assert model_errors(policy) == []
+
+
+def test_the_class_slo_rules_explain_themselves() -> None:
+    both = _base()
+    INVALID["slo.ttftSeconds beside classes that all set their own (CEL)"](both)
+    assert crd_errors(both) == [
+        ".spec: slo.ttftSeconds is the TTFT SLO of the classes without their own ttftSeconds, "
+        "and every class sets its own: remove it"
+    ]
+    (problem,) = model_errors(both)
+    assert "every class (interactive, batch) sets its own ttftSeconds; remove slo.ttftSeconds" in problem
+    neither = _base()
+    INVALID["a class without ttftSeconds and no slo.ttftSeconds (CEL)"](neither)
+    assert crd_errors(neither) == [
+        ".spec: slo.ttftSeconds is required: it is the TTFT SLO of every class without its own "
+        "ttftSeconds (and of the one class, default, when no classes are listed)"
+    ]
+    (problem,) = model_errors(neither)
+    assert "the classes without their own ttftSeconds (batch)" in problem
+
+
 def test_a_valid_selector_variant_passes_both() -> None:
     policy = _selector_variant({"matchExpressions": [{"key": "a", "operator": "In", "values": ["x", "y"]}]})
     changed = _base()
@@ -270,9 +321,11 @@ def test_crd_spec_and_models_have_the_same_fields_required_and_defaults() -> Non
         k: v for k, v in spec_schema["properties"].items() if k in {f.alias for f in Policy.model_fields.values()}
     }
     operator_part = {k: v for k, v in spec_schema["properties"].items() if k not in policy_part}
-    _compare(Policy, {"properties": policy_part, "required": ["slo"]}, "spec", problems)
+    policy_required = [k for k in spec_schema.get("required") or () if k in policy_part]
+    _compare(Policy, {"properties": policy_part, "required": policy_required}, "spec", problems)
     _compare(OperatorSpec, {"properties": operator_part}, "spec", problems)
-    assert spec_schema["required"] == ["slo"]
+    # Nothing is required outright: targetRef or selector, and slo.ttftSeconds, are CEL rules.
+    assert "required" not in spec_schema
     assert problems == []
 
 
@@ -284,6 +337,54 @@ def test_crd_metadata_printer_columns_and_status_conditions() -> None:
     version = CRD["spec"]["versions"][0]
     assert version["subresources"] == {"status": {}}
     columns = {c["name"]: c["jsonPath"] for c in version["additionalPrinterColumns"]}
-    assert set(columns) == {"Target", "TTFT-SLO", "Token-Budget", "Concurrency", "Calibrated", "Pushed", "Ready", "Age"}
+    assert set(columns) == {
+        "Target", "Default-TTFT", "Token-Budget", "Concurrency", "Calibrated", "Pushed", "Ready", "Age",
+    }  # fmt: skip
+    # The default class's TTFT SLO as derived, beside the token budget derived from it.
+    assert columns["Default-TTFT"] == ".status.thresholds.defaultClassTtftSeconds"
+    assert columns["Token-Budget"] == ".status.thresholds.tokenBudget"
     condition_enum = SCHEMA["properties"]["status"]["properties"]["conditions"]["items"]["properties"]["type"]["enum"]
     assert set(condition_enum) == {c.value for c in ConditionType}
+
+
+def _unknown_fields(value: Any, schema: dict[str, Any], path: str = "") -> list[str]:
+    """Fields the API server would prune: not among the schema's properties."""
+    if isinstance(value, dict):
+        properties = schema.get("properties") or {}
+        found = []
+        for key, item in value.items():
+            if key not in properties:
+                found.append(f"{path}.{key}")
+            else:
+                found += _unknown_fields(item, properties[key], f"{path}.{key}")
+        return found
+    if isinstance(value, list):
+        return [
+            f for i, item in enumerate(value) for f in _unknown_fields(item, schema.get("items") or {}, f"{path}[{i}]")
+        ]
+    return []
+
+
+def _column(status: dict[str, Any], json_path: str) -> Any:
+    node: Any = {"status": status}
+    for part in json_path.removeprefix(".").split("."):
+        node = node.get(part) if isinstance(node, dict) else None
+    return node
+
+
+@pytest.mark.parametrize(("name", "policy"), EXAMPLE_POLICIES, ids=[n for n, _ in EXAMPLE_POLICIES])
+def test_the_default_ttft_column_reads_the_default_class_slo_in_force(name: str, policy: dict[str, Any]) -> None:
+    parsed = parse_spec(policy["spec"]).policy
+    thresholds = derive_thresholds(parsed, smollm2_profile(), derived_at=NOW)
+    status = {"thresholds": thresholds_summary(thresholds, "x-thresholds")}
+    assert _unknown_fields(status, SCHEMA["properties"]["status"]) == []  # nothing pruned
+    columns = {c["name"]: c["jsonPath"] for c in CRD["spec"]["versions"][0]["additionalPrinterColumns"]}
+    default = next(c for c in thresholds.classes if c.name == thresholds.default_class)
+    assert _column(status, columns["Default-TTFT"]) == default.ttft_slo_seconds
+    assert _column(status, columns["Token-Budget"]) == int(default.token_budget)
+    expected = {"smollm2.yaml:smollm2": 10.0, "policy-minimal.yaml:chat": 3.0}
+    if name in expected:  # smollm2: batch, the default class, sets its own 10 s
+        assert default.ttft_slo_seconds == expected[name]
+    assert [c["ttftSloSeconds"] for c in status["thresholds"]["classes"]] == [
+        c.ttft_slo_seconds for c in thresholds.classes
+    ]

@@ -80,6 +80,8 @@ def test_a_completed_calibration_puts_derived_thresholds_in_configmap_and_status
     assert stored.model_copy(update={"derived_at": expected.derived_at}) == expected
     assert found["status"]["thresholds"]["calibrationId"] == "cal-test"
     assert found["status"]["thresholds"]["tokenBudget"] == int(expected.classes[0].token_budget)
+    # The Default-TTFT printer column's field, kept by the API server's pruning.
+    assert found["status"]["thresholds"]["defaultClassTtftSeconds"] == 2.0
     assert found["status"]["calibration"]["job"] == job
     assert found["status"]["pushed"] == "0/0"  # no pod runs yet: the ConfigMap is what they will boot with
     assert "calibrating" not in found["status"]

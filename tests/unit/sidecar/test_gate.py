@@ -17,7 +17,6 @@ from slogate_sidecar.state import TtftCorrection
 def thresholds(max_wait: float = 0.5, cap: int = 2) -> Thresholds:
     policy = Policy.model_validate(
         {
-            "slo": {"ttftSeconds": 5.0},
             "concurrency": {"max": cap},
             "classes": [
                 {"name": "interactive", "ttftSeconds": 5.0, "reservedSlots": 0},
