@@ -13,7 +13,7 @@ from datetime import datetime
 from typing import Any
 
 from slogate_operator import names
-from slogate_operator.fingerprint import LlamaContainer, shell_join
+from slogate_operator.fingerprint import LlamaContainer, mounted_volumes, shell_join
 
 CALIBRATOR_RESOURCES = {"requests": {"cpu": "100m", "memory": "256Mi"}, "limits": {"memory": "1Gi"}}
 """The calibrator sends requests and reads a GGUF header; the llama.cpp container beside
@@ -35,13 +35,6 @@ COPIED_POD_FIELDS = (
 )  # fmt: skip
 """Pod fields a calibration Job copies from the target: same hardware, same pull rights."""
 PROBES = ("livenessProbe", "readinessProbe", "startupProbe")
-
-
-def mounted_volumes(pod_spec: Mapping[str, Any], containers: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
-    """The pod's volumes that ``containers`` mount, each once, in mount order."""
-    by_name = {v["name"]: v for v in pod_spec.get("volumes") or ()}
-    wanted = [m["name"] for c in containers for m in c.get("volumeMounts") or ()]
-    return [copy.deepcopy(dict(by_name[n])) for n in dict.fromkeys(wanted) if n in by_name]
 
 
 @dataclass(frozen=True, slots=True)

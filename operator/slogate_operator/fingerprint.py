@@ -13,6 +13,7 @@ port, a flag's spelling or order) does not.
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 import os
@@ -233,9 +234,7 @@ class LlamaContainer:
 
     def mounted_volumes(self) -> list[dict[str, Any]]:
         """The pod's volumes this container mounts, in mount order."""
-        by_name = {v["name"]: v for v in self.pod_spec.get("volumes") or ()}
-        names = [m["name"] for m in self.container.get("volumeMounts") or ()]
-        return [dict(by_name[n]) for n in dict.fromkeys(names) if n in by_name]
+        return mounted_volumes(self.pod_spec, [self.container])
 
     def feeding_init_containers(self) -> list[dict[str, Any]]:
         """Init containers that mount one of its volumes: they may put the model there."""
@@ -245,6 +244,13 @@ class LlamaContainer:
             for c in self.pod_spec.get("initContainers") or ()
             if mine & {m["name"] for m in c.get("volumeMounts") or ()}
         ]
+
+
+def mounted_volumes(pod_spec: Mapping[str, Any], containers: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """The pod's volumes that ``containers`` mount, each once, in mount order (copies)."""
+    by_name = {v["name"]: v for v in pod_spec.get("volumes") or ()}
+    wanted = [m["name"] for c in containers for m in c.get("volumeMounts") or ()]
+    return [copy.deepcopy(dict(by_name[n])) for n in dict.fromkeys(wanted) if n in by_name]
 
 
 def llama_container(pod_spec: Mapping[str, Any], name: str | None) -> LlamaContainer:
