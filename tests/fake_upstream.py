@@ -10,28 +10,16 @@ import asyncio
 import json
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 from aiohttp import web
 
-from slogate_sidecar.requests import Route
+from slogate_llama.exposition import IDLE, exposition
+from slogate_llama.routes import Route
 
-METRICS = """# TYPE llamacpp:prompt_tokens_total counter
-llamacpp:prompt_tokens_total {p}
-# TYPE llamacpp:prompt_seconds_total counter
-llamacpp:prompt_seconds_total {ps}
-# TYPE llamacpp:tokens_predicted_total counter
-llamacpp:tokens_predicted_total 0
-# TYPE llamacpp:tokens_predicted_seconds_total counter
-llamacpp:tokens_predicted_seconds_total 0
-# TYPE llamacpp:n_decode_total counter
-llamacpp:n_decode_total 0
-# TYPE llamacpp:requests_processing gauge
-llamacpp:requests_processing 0
-# TYPE llamacpp:requests_deferred gauge
-llamacpp:requests_deferred 0
-"""
+METRICS = exposition(replace(IDLE, prompt_tokens_total=1000, prompt_seconds_total=4.0))
+"""The fake's /metrics: constant counters (1,000 prompt tokens in 4 s), so no live rate is learnt."""
 
 
 @dataclass
@@ -50,7 +38,7 @@ class FakeUpstream:
         return web.json_response({"status": "ok"}, status=200 if self.healthy else 503)
 
     async def metrics(self, _r: web.Request) -> web.Response:
-        return web.Response(text=METRICS.format(p=1000, ps=4.0))
+        return web.Response(text=METRICS)
 
     async def tokenize(self, request: web.Request) -> web.Response:
         content = (await request.json())["content"]

@@ -10,9 +10,9 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-import aiohttp.web
 import jsonpatch
 import jsonpointer
+import kmock
 
 from kube_rules import label_selector_object, labels_match, pod_spec_errors, pod_spec_of, status_body
 
@@ -24,10 +24,9 @@ class StatusError(Exception):
         super().__init__(message)
         self.code, self.reason, self.message, self.details = code, reason, message, details
 
-    def response(self) -> aiohttp.web.Response:
-        return aiohttp.web.json_response(
-            status_body(self.code, self.reason, self.message, self.details), status=self.code
-        )
+    def response(self) -> kmock.Response:
+        """The answer, as a kmock reaction returns one."""
+        return kmock.Response(status=self.code, payload=status_body(self.code, self.reason, self.message, self.details))
 
 
 def now() -> str:

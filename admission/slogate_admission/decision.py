@@ -8,6 +8,8 @@ arithmetic operations and dictionary look-ups, no loops over requests.
 
 from __future__ import annotations
 
+import math
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
@@ -36,7 +38,8 @@ class Reason(StrEnum):
     CONCURRENCY = "concurrency"
     DECODE = "decode"
     QUEUE_FULL = "queue_full"
-    """Deferral would exceed Little's-law L_max of requests inside."""
+    """Deferral would put more requests ahead of it than its class's L_max: the server
+    would not free a slot for it within its SLO."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,6 +50,8 @@ class ClassLimits:
     ttft_slo_s: float
     ttft_budget_s: float
     concurrency_cap: int
+    l_max: int
+    """Requests in service plus deferred ahead, beyond which a deferral cannot end in time."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,11 +62,13 @@ class GateConfig:
     decode: DecodeCurve
     prefill_tokens_per_s: float
     decode_streams_cap: int
+    """The per-token SLO's stream cap; with no such SLO, unbounded (the concurrency cap
+    alone limits streams, so a refusal never names a ``decode`` SLO nobody set)."""
     kv_capacity_tokens: int
     per_request_max_tokens: int
     max_wait_s: float
+    """The policy's longest deferral; ``inf`` when only the request's SLO slack bounds it."""
     clamp_max_tokens: bool
-    l_max: int
     classes: Mapping[str, ClassLimits]
     default_class: str
 
@@ -69,18 +76,18 @@ class GateConfig:
     def from_thresholds(cls, t: Thresholds) -> GateConfig:
         """Compile validated thresholds."""
         classes = {
-            c.name: ClassLimits(c.name, c.ttft_slo_seconds, c.ttft_budget_seconds, c.concurrency_cap) for c in t.classes
+            c.name: ClassLimits(c.name, c.ttft_slo_seconds, c.ttft_budget_seconds, c.concurrency_cap, c.l_max)
+            for c in t.classes
         }
         return cls(
             prefill=PrefillCurve(t.prefill_intercept_s, t.prefill_linear_s, t.prefill_quadratic_s),
             decode=DecodeCurve(t.decode_tokens_per_second),
             prefill_tokens_per_s=t.prefill_tokens_per_second,
-            decode_streams_cap=t.decode_streams_cap,
+            decode_streams_cap=t.decode_streams_cap if t.tpot_slo_seconds is not None else sys.maxsize,
             kv_capacity_tokens=t.kv_capacity_tokens,
             per_request_max_tokens=t.per_request_max_tokens,
-            max_wait_s=t.max_wait_seconds,
+            max_wait_s=t.max_wait_seconds if t.max_wait_seconds is not None else math.inf,
             clamp_max_tokens=t.clamp_max_tokens,
-            l_max=t.l_max,
             classes=MappingProxyType(classes),
             default_class=t.default_class,
         )
@@ -116,7 +123,8 @@ class LiveState:
     """Admitted requests not yet finished (prefilling or decoding)."""
     reserved_kv_tokens: int = 0
     deferred: int = 0
-    """Requests waiting in the deferral queue."""
+    """Deferred requests that would be served before this one: for an arrival, those of
+    its class or above; for a deferred request being re-judged, those ahead of it."""
     prefill_tokens_per_s: float | None = None
     """Live measured prefill rate; None: the calibrated one."""
     next_release_s: float = 0.0
@@ -160,15 +168,18 @@ class Decision(NamedTuple):
 def decide(config: GateConfig, request: Request, state: LiveState, now: float) -> Decision:
     """One O(1) decision. ``now`` is the caller's monotonic clock (only deadlines use it).
 
-    TTFT: waited + queued / R + T_prefill(n_in) ≤ class budget  ⇔  queued ≤ max_queued(n_in)
-          with max_queued = (budget − waited − T_prefill(n_in)) · R (ttft.max_queued_tokens
-          for a fresh arrival).
+    TTFT: queued ≤ max_queued(n_in) = min(budget − T_prefill(n_in), SLO − waited −
+          T_prefill(n_in)) · R (ttft.max_queued_tokens for a fresh arrival): the class's
+          queue depth (a lower class never admits deeper than a higher one), and its own
+          SLO with the time already spent deferred (waited + queued / R + T_prefill ≤ SLO).
     KV:   reserved + n_in + n_out ≤ capacity, and n_in + n_out ≤ one slot's context.
     Concurrency: streams + 1 ≤ class cap (the cap minus slots reserved above).
     Decode: streams + 1 ≤ the largest B whose t_decode(B) meets the per-token SLO.
-    If only capacity (KV, slots, decode) is short and the request's own SLO still has
-    slack, it is deferred for min(max wait, slack); a TTFT miss is rejected at once,
-    because waiting cannot make its first token earlier.
+    A request that fails a check but whose own SLO still has slack is deferred for
+    min(max wait, slack), unless more requests are ahead of it (in service, or deferred
+    before it) than its class's L_max (Reason.QUEUE_FULL): the server would not free a
+    slot for it in time. A predicted TTFT beyond the SLO is rejected at once: waiting
+    cannot make its first token earlier.
     """
     limits = config.limits_for(request.class_name)
     rate = state.prefill_tokens_per_s or config.prefill_tokens_per_s
@@ -177,8 +188,11 @@ def decide(config: GateConfig, request: Request, state: LiveState, now: float) -
     queued = state.queued_prefill_tokens
     wait = queue_wait_s(queued, rate)
     predicted = request.waited_s + wait + own
-    # (budget − waited − own) · R: time already spent deferred is spent from the budget.
-    max_queued = (limits.ttft_budget_s - request.waited_s - own) * rate
+    # The class's depth, and its own SLO less the time already spent deferred: a batch
+    # request (budget 1 s, SLO 10 s) that waited 3 s may still enter a 1 s-deep queue.
+    depth_s = limits.ttft_budget_s - own
+    slo_left_s = limits.ttft_slo_s - request.waited_s - own
+    max_queued = (depth_s if depth_s < slo_left_s else slo_left_s) * rate
 
     ttft_short = queued > max_queued
 
@@ -219,7 +233,7 @@ def decide(config: GateConfig, request: Request, state: LiveState, now: float) -
         # rejected at once (waiting cannot make its first token earlier).
         slack_wait = min(config.max_wait_s, limits.ttft_slo_s - predicted)
         if slack_wait > 0 and predicted <= limits.ttft_slo_s:
-            if state.streams + state.deferred + 1 > config.l_max:
+            if state.streams + state.deferred + 1 > limits.l_max:
                 reasons = (*reasons, Reason.QUEUE_FULL)
             else:
                 outcome, max_wait, deadline = Outcome.DEFER, slack_wait, now + slack_wait

@@ -47,6 +47,11 @@ def prefill_curve(profile: CalibrationProfile) -> PrefillCurve:
     return PrefillCurve(fit.intercept_s, fit.linear_s, fit.quadratic_s)
 
 
+def thresholds_prefill_curve(t: Thresholds) -> PrefillCurve:
+    """The T_prefill(n) that thresholds carry (the calibration's, copied at derivation)."""
+    return PrefillCurve(t.prefill_intercept_s, t.prefill_linear_s, t.prefill_quadratic_s)
+
+
 def decode_curve(profile: CalibrationProfile) -> DecodeCurve:
     """The measured per-stream decode speeds of a profile, B = 1..N."""
     return DecodeCurve(tuple(p.tokens_per_second for p in profile.decode))
@@ -72,10 +77,13 @@ def derive_thresholds(
       class never admits deeper into the queue than a higher one (it would fill the
       queue the higher class needs); its looser SLO buys it deferral time instead.
       token_budget_i = budget_i · R. Cap_i = cap − slots reserved by classes above.
-    - Little's law: λ_srv = 1 / (T_prefill(n_ref) + n_out_ref · t_decode(cap) / cap), the
-      server's work-conserving rate (see server_seconds_per_request); W_max = TTFT SLO +
-      n_out_ref · t_decode(cap); L_max = ⌊λ_srv · W_max⌋ bounds requests inside,
-      deferred ones included.
+    - Little's law for the deferral queue: μ = λ_srv = 1 / (T_prefill(n_ref) + n_out_ref ·
+      t_decode(cap) / cap), the server's work-conserving completion rate (see
+      server_seconds_per_request). A deferred request counts its wait against its TTFT, so
+      it may wait W_i = min(max wait, own TTFT SLO − T_prefill(n_ref)) for a slot; the
+      server frees ⌊μ · W_i⌋ slots meanwhile, so L_max_i = Cap_i + ⌊μ · W_i⌋: the requests
+      in service plus those that can wait within the SLO. Thresholds.l_max is the largest.
+      W_max (reported) = default class's TTFT SLO + n_out_ref · t_decode(cap).
     """
     slots = profile.server.slots
     prefill = prefill_curve(profile)
@@ -95,6 +103,11 @@ def derive_thresholds(
         )
     policy_max = policy.concurrency.max if policy.concurrency.max is not None else slots
     cap = min(policy_max, slots, decode_cap)
+
+    n_out_ref = policy.output_tokens.default
+    throughput = 1.0 / server_seconds_per_request(prefill, decode, n_ref, n_out_ref, cap)
+    ref_prefill_s = prefill.seconds(n_ref)
+    max_wait = policy.deferral.max_wait_seconds
 
     class_policies = policy.classes or (ClassPolicy(name=DEFAULT_CLASS_NAME),)
     classes: list[ClassThresholds] = []
@@ -116,6 +129,7 @@ def derive_thresholds(
                 f"class {cls.name!r} has no concurrency slot: cap {cap} minus "
                 f"{reserved_above} reserved by classes above"
             )
+        wait = deferral_wait_s(own_slo, ref_prefill_s, max_wait)
         classes.append(
             ClassThresholds(
                 name=cls.name,
@@ -123,6 +137,8 @@ def derive_thresholds(
                 ttft_budget_seconds=budget,
                 token_budget=token_budget(budget, rate),
                 concurrency_cap=class_cap,
+                deferral_wait_seconds=wait,
+                l_max=deferral_l_max(class_cap, throughput, wait),
             )
         )
         budget_above = budget
@@ -130,10 +146,8 @@ def derive_thresholds(
 
     default_class = policy.default_class or classes[-1].name
     default_slo = next(c.ttft_slo_seconds for c in classes if c.name == default_class)
-    n_out_ref = policy.output_tokens.default
-    throughput = 1.0 / server_seconds_per_request(prefill, decode, n_ref, n_out_ref, cap)
     w_max = default_slo + n_out_ref * decode.seconds_per_token(cap)
-    l_max = max(cap, math.floor(little_l_max(throughput, w_max)))
+    l_max = max(c.l_max for c in classes)
 
     return Thresholds(
         calibration_id=profile.id,
@@ -166,6 +180,23 @@ def derive_thresholds(
     )
 
 
+def deferral_wait_s(ttft_slo_s: float, reference_prefill_s: float, max_wait_s: float | None) -> float:
+    """W of a class: how long a deferred reference request may wait for a slot and still
+    meet its SLO. The wait counts against its TTFT (``decide`` adds it to the prediction),
+    and once a slot frees its own prefill follows: W = SLO − T_prefill(n_ref), capped by
+    the policy's max wait, never negative."""
+    slack = max(ttft_slo_s - reference_prefill_s, 0.0)
+    return slack if max_wait_s is None else min(max_wait_s, slack)
+
+
+def deferral_l_max(class_cap: int, throughput_rps: float, wait_s: float) -> int:
+    """L_max = Cap + ⌊μ · W⌋ (spec "Little's law", L_max = λ_srv · W_max, applied to the
+    deferral queue): the requests in service plus the slots the server frees while one
+    waits W. 4 slots, μ = 0.25/s, W = 7.8 s: 4 + ⌊1.95⌋ = 5. A hair of tolerance keeps a
+    product that is an integer in exact arithmetic (0.25 x 8) from flooring one short."""
+    return class_cap + math.floor(little_l_max(throughput_rps, wait_s) + 1e-9) if wait_s > 0 else class_cap
+
+
 def _ceil_ms(seconds: float) -> float:
     """Rounded up to the millisecond: a suggested SLO rounded down would still be refused."""
     return math.ceil(seconds * 1000 - 1e-9) / 1000
@@ -194,7 +225,7 @@ def reference_prompt_warnings(t: Thresholds) -> tuple[str, ...]:
     Such thresholds derive (short prompts are admitted) but every prompt longer than
     ``longest_prompt_within`` the budget is rejected, however idle the server: worth
     saying before the first 400s or 429s do."""
-    curve = PrefillCurve(t.prefill_intercept_s, t.prefill_linear_s, t.prefill_quadratic_s)
+    curve = thresholds_prefill_curve(t)
     needed = curve.seconds(t.reference_prompt_tokens)
     warnings: list[str] = []
     for c in t.classes:

@@ -15,8 +15,9 @@ from pydantic.alias_generators import to_camel
 
 from slogate_admission.output_tokens import OutputTokenEstimate
 
-PositiveSeconds = Annotated[float, Field(gt=0, allow_inf_nan=False)]
-NonNegativeSeconds = Annotated[float, Field(ge=0, allow_inf_nan=False)]
+# Strict: a JSON `false` is not 0 seconds (lax float parsing would take it); ints still are.
+PositiveSeconds = Annotated[float, Field(gt=0, allow_inf_nan=False, strict=True)]
+NonNegativeSeconds = Annotated[float, Field(ge=0, allow_inf_nan=False, strict=True)]
 Quantile = Annotated[float, Field(gt=0, lt=1)]
 ClassName = Annotated[str, Field(pattern=r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")]
 
@@ -81,8 +82,10 @@ class ConcurrencyPolicy(Model):
 class DeferralPolicy(Model):
     """Deferral: wait briefly for capacity instead of rejecting at once."""
 
-    max_wait_seconds: NonNegativeSeconds = 1.0
-    """Longest wait; also capped by the request's own SLO slack. 0 disables deferral."""
+    max_wait_seconds: NonNegativeSeconds | None = None
+    """Longest wait for capacity. Unset: as long as the request's own TTFT SLO leaves
+    slack (a 10 s batch request may wait for a slot; a 1 s interactive one hardly).
+    0 disables deferral: a request that finds no capacity is refused at once."""
 
 
 class DegradationPolicy(Model):
@@ -153,11 +156,19 @@ class Policy(Model):
 # --------------------------------------------------------------------------- profile
 
 
+Spread = Annotated[float, Field(ge=0, allow_inf_nan=False)]
+"""A relative spread or uncertainty: 0.03 is 3% of the value it belongs to."""
+
+
 class PrefillPoint(Model):
-    """One prefill measurement."""
+    """One prefill measurement: the median of ``timings`` timings of one prompt length."""
 
     prompt_tokens: Annotated[int, Field(ge=1)]
     seconds: PositiveSeconds
+    timings: Annotated[int, Field(ge=1)] | None = None
+    """How many timings ``seconds`` is the median of; None in profiles that did not record it."""
+    spread: Spread | None = None
+    """Relative spread of one timing: a robust standard deviation (scaled MAD) over the median."""
 
 
 class PrefillFit(Model):
@@ -177,6 +188,10 @@ class DecodePoint(Model):
 
     streams: Annotated[int, Field(ge=1)]
     tokens_per_second: Annotated[float, Field(gt=0, allow_inf_nan=False)]
+    timings: Annotated[int, Field(ge=1)] | None = None
+    """How many rounds of ``streams`` concurrent streams the median is over; None: not recorded."""
+    spread: Spread | None = None
+    """Relative spread of one round's rate: a robust standard deviation (scaled MAD) over the median."""
 
 
 class ModelInfo(Model):
@@ -220,6 +235,30 @@ class TokensPerChar(Model):
     samples: Annotated[int, Field(ge=1)]
 
 
+class CalibrationConfidence(Model):
+    """How far a profile's medians can be trusted, from the agreement of their own timings.
+
+    An uncertainty is the relative standard error of a median (one standard error: about
+    two times in three the median of many more timings would lie within it). It covers the
+    noise within one run, not a machine that is faster or slower on another day."""
+
+    tolerance: Spread
+    """The uncertainty at which a point stopped being repeated."""
+    prefill_reference_tokens: Annotated[int, Field(ge=1)]
+    """The measured prompt length ``prefill_uncertainty`` is of: the one nearest the
+    derivation's reference prompt."""
+    prefill_uncertainty: Spread
+    """Of the prefill time (and rate) at ``prefill_reference_tokens``."""
+    decode_streams: Annotated[int, Field(ge=1)]
+    """The B ``decode_uncertainty`` is of: the largest, every slot decoding."""
+    decode_uncertainty: Spread
+    """Of the per-stream decode rate at ``decode_streams``."""
+    unsettled_prefill_tokens: tuple[int, ...] = ()
+    """Prompt lengths still above the tolerance when their repetitions ran out (count or budget)."""
+    unsettled_decode_streams: tuple[int, ...] = ()
+    """Stream counts still above the tolerance when their repetitions ran out."""
+
+
 class CalibrationProfile(Model):
     """A measurement of one model + quantization + server settings + hardware."""
 
@@ -236,6 +275,8 @@ class CalibrationProfile(Model):
     tokens_per_char: TokensPerChar | None = None
     fingerprint_inputs: dict[str, str] = {}
     duration_s: NonNegativeSeconds = 0.0
+    confidence: CalibrationConfidence | None = None
+    """How well the timings agreed; None in profiles from before it was recorded."""
 
     @model_validator(mode="after")
     def _decode_covers_one_to_b(self) -> CalibrationProfile:
@@ -260,6 +301,13 @@ class ClassThresholds(Model):
     """ttft_budget_seconds x prefill rate: queued tokens an empty request may wait behind."""
     concurrency_cap: Annotated[int, Field(ge=1)]
     """Streams this class may fill: the cap minus slots reserved for classes above."""
+    deferral_wait_seconds: NonNegativeSeconds
+    """W: how long a deferred request of this class may wait for a slot and still meet its
+    SLO: min(max wait, own TTFT SLO − T_prefill(reference prompt)), at least 0."""
+    l_max: Annotated[int, Field(ge=1)]
+    """Little's law for the deferral queue: concurrency_cap + ⌊μ · W⌋, the requests in
+    service plus those the server completes while one waits W. An arrival that finds
+    this many ahead of it (in service, or deferred at its priority or above) is refused."""
 
 
 class Thresholds(Model):
@@ -289,17 +337,25 @@ class Thresholds(Model):
     throughput_rps: Annotated[float, Field(gt=0)]
     """μ: sustainable completions/s for the reference request at the concurrency cap."""
     w_max_seconds: PositiveSeconds
+    """Time in system of the reference request in the default class: its TTFT SLO plus
+    n_out_ref · t_decode(cap). Reported; the deferral bound uses each class's own W."""
     l_max: Annotated[int, Field(ge=1)]
-    """Little's law cap on requests inside (admitted, deferred, or in service)."""
+    """The most requests ever inside (in service or deferred): the largest class L_max."""
     classes: tuple[ClassThresholds, ...]
     default_class: ClassName
     output_tokens: OutputTokensPolicy
-    max_wait_seconds: NonNegativeSeconds
+    max_wait_seconds: NonNegativeSeconds | None = None
+    """The policy's cap on a deferral; None: only the request's SLO slack bounds it."""
     clamp_max_tokens: bool
     tokens_per_char: Annotated[float, Field(gt=0)] | None = None
     """Conservative (p95) tokens per character, to estimate n_in without tokenizing."""
     reference_prompt_tokens: Annotated[int, Field(ge=1)]
     reference_output_tokens: Annotated[int, Field(ge=1)]
+
+    @property
+    def default_class_thresholds(self) -> ClassThresholds:
+        """The class of requests that name none."""
+        return next(c for c in self.classes if c.name == self.default_class)
 
     @model_validator(mode="after")
     def _consistent(self) -> Thresholds:
@@ -318,6 +374,10 @@ class Thresholds(Model):
                 raise ValueError(f"class {below.name!r} has a larger TTFT budget than {above.name!r}")
             if below.concurrency_cap > above.concurrency_cap:
                 raise ValueError(f"class {below.name!r} has a larger cap than {above.name!r}")
+        if any(c.l_max < c.concurrency_cap for c in self.classes):
+            raise ValueError("a class's L_max is below its concurrency cap")
+        if self.l_max < max(c.l_max for c in self.classes):
+            raise ValueError("lMax is below a class's L_max")
         if any(c.ttft_budget_seconds > c.ttft_slo_seconds for c in self.classes):
             raise ValueError("a class's TTFT budget exceeds its own TTFT SLO")
         if self.per_request_max_tokens > self.kv_capacity_tokens:

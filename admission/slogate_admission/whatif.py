@@ -136,8 +136,12 @@ def _kv_bytes_per_token(i: WhatIfInputs, r: _Report) -> float | None:
     """Given, or 2 · layers · kv_heads · head_dim · bytes; ``missing`` names what is absent."""
     if i.kv_bytes_per_token is not None:
         return i.kv_bytes_per_token
-    geometry = {"layers": i.layers, "kv_heads": i.kv_heads, "head_dim": i.head_dim,
-                "kv_bytes_per_elem": i.kv_bytes_per_elem}  # fmt: skip
+    geometry = {
+        "layers": i.layers,
+        "kv_heads": i.kv_heads,
+        "head_dim": i.head_dim,
+        "kv_bytes_per_elem": i.kv_bytes_per_elem,
+    }
     absent = {name for name, value in geometry.items() if value is None}
     if absent:
         # Part of the geometry given: name the rest, not the per-token size it was meant to give.

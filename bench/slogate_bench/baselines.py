@@ -1,20 +1,21 @@
 """The admission controls slogate is compared with, as small reverse proxies.
 
-- direct: llama-server alone, its own unbounded deferred queue (no proxy at all);
 - count cap: at most N requests forwarded at once, at most Q waiting in FIFO order,
   503 beyond that (what Ollama's OLLAMA_NUM_PARALLEL / OLLAMA_MAX_QUEUE and most
   proxies offer);
 - rate limit: a token bucket of R requests per second, 429 when empty.
+
+(llama-server alone, its own unbounded queue, needs no proxy: ``process_fronts.DirectFront``.)
 
 Both proxies stream the upstream's SSE through line by line, as the sidecar does, and
 run with handler_cancellation, so a client that disconnects cancels its handler, which
 closes the upstream connection: llama-server aborts the generation. Only the native
 ``POST /completion`` (what the load generator sends) and ``GET /health`` are proxied.
 
-Each is tuned *fairly*, from the same calibration and SLO slogate gets: see
-``fair_count_cap`` and ``fair_rate_limit``. Run them in their own process
-(``spawned_baseline`` or ``python -m slogate_bench.baselines``) when the load
-generator's CPU is measured: in-process they share its event loop and its CPU count.
+Each is tuned *fairly*, from the same calibration and SLO slogate gets (``limits``). The
+benchmarks run each in its own process (``process_fronts``, through ``python -m
+slogate_bench.baselines``): in-process they would share the load generator's event loop
+and its CPU count.
 """
 
 from __future__ import annotations
@@ -28,63 +29,14 @@ import sys
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Sequence
-from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 import aiohttp
 from aiohttp import web
 
-Kind = Literal["direct", "count_cap", "rate_limit"]
-KINDS: tuple[Kind, ...] = ("direct", "count_cap", "rate_limit")
+from slogate_bench.limits import CountCap, RateLimit
+
 Clock = Callable[[], float]
-
-
-@dataclass(frozen=True, slots=True)
-class CountCap:
-    """A request-count cap: forwarded at once, and waiting behind them."""
-
-    max_concurrency: int
-    max_queue: int
-
-
-def fair_count_cap(slots: int, slo_s: float, mean_service_s: float) -> CountCap:
-    """The count cap a careful operator would pick from the same SLO and calibration.
-
-    max_concurrency = slots (the server's parallel sequences, 4 here): more would only
-    queue inside llama-server, fewer would idle slots.
-
-    max_queue = floor(slots · SLO / S), with S the calibrated mean service time, the time
-    a request holds a slot (prefill + decode while sharing the server with the other
-    slots). By Little's law the slots complete slots / S requests per second, so the
-    request at queue position q waits about q · S / slots before it starts; the deepest
-    queue whose last request still starts within the SLO is slots · SLO / S.
-
-    From a calibrated capacity μ (requests per second for the whole server, 1 / server
-    seconds per request at full concurrency) S = slots / μ, so max_queue = floor(SLO · μ).
-    The operator counts requests, not tokens: the same depth is used for every prompt size.
-    """
-    if slots < 1:
-        raise ValueError(f"slots must be >= 1, not {slots}")
-    if slo_s <= 0 or mean_service_s <= 0:
-        raise ValueError("the SLO and the mean service time must be positive")
-    return CountCap(slots, math.floor(slots * slo_s / mean_service_s))
-
-
-@dataclass(frozen=True, slots=True)
-class RateLimit:
-    rate_rps: float
-    burst: int
-
-
-def fair_rate_limit(capacity_rps: float, slots: int) -> RateLimit:
-    """The static rate limit tuned on the calibrated capacity μ of the workload.
-
-    rate = μ: any higher and the server's queue grows without bound; lower wastes it.
-    burst = slots: as many requests at once as the server can start in parallel.
-    """
-    if capacity_rps <= 0 or slots < 1:
-        raise ValueError("capacity must be positive and slots >= 1")
-    return RateLimit(capacity_rps, slots)
 
 
 class TokenBucket:
@@ -158,8 +110,15 @@ class FifoLimiter:
         self.active -= 1
 
 
-def _error(status: int, message: str, *, kind: str, code: str, headers: dict[str, str] | None = None,
-           extra: dict[str, Any] | None = None) -> web.Response:  # fmt: skip
+def _error(
+    status: int,
+    message: str,
+    *,
+    kind: str,
+    code: str,
+    headers: dict[str, str] | None = None,
+    extra: dict[str, Any] | None = None,
+) -> web.Response:
     body: dict[str, Any] = {"error": {"message": message, "type": kind, "param": None, "code": code}}
     body.update(extra or {})
     return web.json_response(body, status=status, headers=headers)
@@ -197,11 +156,13 @@ class BaselineProxy:
         headers = {"Content-Type": request.headers.get("Content-Type", "application/json")}
         response: web.StreamResponse | None = None
         try:
-            async with self.session.post(self.upstream + "/completion", data=body, headers=headers,
-                                         timeout=timeout) as upstream:  # fmt: skip
+            async with self.session.post(
+                self.upstream + "/completion", data=body, headers=headers, timeout=timeout
+            ) as upstream:
                 if upstream.status == 200 and upstream.content_type == "text/event-stream":
-                    response = web.StreamResponse(headers={"Content-Type": "text/event-stream",
-                                                           "Cache-Control": "no-cache"})  # fmt: skip
+                    response = web.StreamResponse(
+                        headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+                    )
                     await response.prepare(request)
                     async for line in upstream.content:
                         await response.write(line)
@@ -225,15 +186,19 @@ class BaselineProxy:
 class CountCapProxy(BaselineProxy):
     """Fixed concurrency plus a fixed FIFO queue; 503 at once when both are full."""
 
-    def __init__(self, max_concurrency: int, max_queue: int) -> None:
+    def __init__(self, cap: CountCap) -> None:
         super().__init__()
-        self.limiter = FifoLimiter(max_concurrency, max_queue)
+        self.limiter = FifoLimiter(cap.concurrency, cap.queue)
 
     async def completion(self, request: web.Request) -> web.StreamResponse:
         if not await self.limiter.enter():
             self.rejected += 1
-            return _error(503, f"server busy: {self.limiter.max_concurrency} requests running and "
-                          f"{self.limiter.max_queue} queued", kind="server_error", code="queue_full")  # fmt: skip
+            return _error(
+                503,
+                f"server busy: {self.limiter.max_concurrency} requests running and {self.limiter.max_queue} queued",
+                kind="server_error",
+                code="queue_full",
+            )
         try:
             return await self.forward(request)
         finally:
@@ -243,29 +208,24 @@ class CountCapProxy(BaselineProxy):
 class RateLimitProxy(BaselineProxy):
     """A static token bucket; 429 with Retry-After (the time to the next token) when empty."""
 
-    def __init__(self, rate_rps: float, burst: int, clock: Clock = time.monotonic) -> None:
+    def __init__(self, limit: RateLimit, clock: Clock = time.monotonic) -> None:
         super().__init__()
-        self.bucket = TokenBucket(rate_rps, burst, clock)
+        self.bucket = TokenBucket(limit.rate_rps, limit.burst, clock)
 
     async def completion(self, request: web.Request) -> web.StreamResponse:
         wait = self.bucket.take()
         if wait > 0:
             self.rejected += 1
             # Retry-After is whole seconds (RFC 9110); the exact wait is in the body.
-            return _error(429, f"rate limit of {self.bucket.rate:g} requests/s exceeded",
-                          kind="rate_limit_error", code="rate_limited",
-                          headers={"Retry-After": str(max(1, math.ceil(wait)))},
-                          extra={"retryAfterSeconds": round(wait, 3)})  # fmt: skip
+            return _error(
+                429,
+                f"rate limit of {self.bucket.rate:g} requests/s exceeded",
+                kind="rate_limit_error",
+                code="rate_limited",
+                headers={"Retry-After": str(max(1, math.ceil(wait)))},
+                extra={"retryAfterSeconds": round(wait, 3)},
+            )
         return await self.forward(request)
-
-
-def make_proxy(kind: Kind, **params: Any) -> BaselineProxy:
-    """A proxy by kind: count_cap(max_concurrency, max_queue) or rate_limit(rate_rps, burst[, clock])."""
-    if kind == "count_cap":
-        return CountCapProxy(**params)
-    if kind == "rate_limit":
-        return RateLimitProxy(**params)
-    raise ValueError(f"no proxy for {kind!r}: one of count_cap, rate_limit")
 
 
 @contextlib.asynccontextmanager
@@ -291,54 +251,6 @@ async def serving(proxy: BaselineProxy, upstream: str, host: str = "127.0.0.1", 
         await proxy._session.close()
 
 
-@contextlib.asynccontextmanager
-async def running_baseline(kind: Kind, upstream: str, **params: Any) -> AsyncIterator[str]:
-    """The base URL of a baseline in front of ``upstream`` (for ``direct``, the upstream itself)."""
-    if kind == "direct":
-        yield upstream
-        return
-    async with serving(make_proxy(kind, **params), upstream) as url:
-        yield url
-
-
-def _command(kind: Kind, upstream: str, params: dict[str, Any]) -> list[str]:
-    argv = [sys.executable, "-m", "slogate_bench.baselines", kind, "--upstream", upstream]
-    for name, value in params.items():
-        argv += ["--" + name.replace("_", "-"), str(value)]
-    return argv
-
-
-@contextlib.asynccontextmanager
-async def spawned_baseline(kind: Kind, upstream: str, **params: Any) -> AsyncIterator[str]:
-    """Like ``running_baseline``, in a child process: its CPU is not the load generator's."""
-    if kind == "direct":
-        yield upstream
-        return
-    child = await asyncio.create_subprocess_exec(*_command(kind, upstream, params), stdout=asyncio.subprocess.PIPE)
-    try:
-        assert child.stdout is not None
-        async with asyncio.timeout(30):
-            line = (await child.stdout.readline()).decode().strip()
-        if not line.startswith("http://"):
-            raise RuntimeError(f"baseline {kind} did not start (exit {await child.wait()})")
-        yield line
-    finally:
-        await stop_process(child)
-
-
-async def stop_process(child: asyncio.subprocess.Process, grace_s: float = 10.0) -> None:
-    """SIGTERM (a graceful shutdown may wait for held streams), SIGKILL after ``grace_s``."""
-    if child.returncode is not None:
-        return
-    child.terminate()
-    try:
-        async with asyncio.timeout(grace_s):
-            await child.wait()
-    except TimeoutError:
-        child.kill()
-        await child.wait()
-
-
 async def _serve_until_signalled(proxy: BaselineProxy, upstream: str, host: str, port: int) -> None:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -350,25 +262,24 @@ async def _serve_until_signalled(proxy: BaselineProxy, upstream: str, host: str,
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m slogate_bench.baselines count_cap|rate_limit --upstream URL ...``: prints its URL, serves."""
+    """``python -m slogate_bench.baselines --upstream URL count-cap|rate-limit ...``: prints its URL, serves."""
     parser = argparse.ArgumentParser(
         prog="python -m slogate_bench.baselines", description=(__doc__ or "").split("\n")[0]
     )
-    parser.add_argument("kind", choices=["count_cap", "rate_limit"])
     parser.add_argument("--upstream", required=True)
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=0)
-    parser.add_argument("--max-concurrency", type=int, default=4)
-    parser.add_argument("--max-queue", type=int, default=0)
-    parser.add_argument("--rate-rps", type=float, default=1.0)
-    parser.add_argument("--burst", type=int, default=4)
+    proxies = parser.add_subparsers(required=True, metavar="PROXY")
+    cap = proxies.add_parser("count-cap", help="CountCapProxy")
+    cap.add_argument("--concurrency", type=int, required=True)
+    cap.add_argument("--queue", type=int, required=True)
+    cap.set_defaults(proxy=lambda a: CountCapProxy(CountCap(a.concurrency, a.queue)))
+    rate = proxies.add_parser("rate-limit", help="RateLimitProxy")
+    rate.add_argument("--rate-rps", type=float, required=True)
+    rate.add_argument("--burst", type=int, required=True)
+    rate.set_defaults(proxy=lambda a: RateLimitProxy(RateLimit(a.rate_rps, a.burst)))
     args = parser.parse_args(argv)
-    proxy: BaselineProxy = (
-        CountCapProxy(args.max_concurrency, args.max_queue)
-        if args.kind == "count_cap"
-        else RateLimitProxy(args.rate_rps, args.burst)
-    )
-    asyncio.run(_serve_until_signalled(proxy, args.upstream, args.host, args.port))
+    asyncio.run(_serve_until_signalled(args.proxy(args), args.upstream, args.host, args.port))
     return 0
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import statistics
 from pathlib import Path
@@ -14,9 +15,11 @@ import matplotlib.pyplot as plt
 from matplotlib import ticker
 
 from slogate_admission.schema import CalibrationProfile, Thresholds
-from slogate_bench import scenario as sim
-from slogate_bench.baselines import fair_count_cap
+from slogate_bench.capacity import ServerModel
+from slogate_bench.limits import fair_count_cap
 from slogate_bench.load import Run
+from slogate_bench.scenario import GateKind, SimulationConfig
+from slogate_bench.simulated_fronts import line_up
 from slogate_bench.simulator import simulate
 from slogate_bench.workloads import preset
 
@@ -74,7 +77,8 @@ def demo_plot(runs: dict[str, Run], slo_s: float, path: Path) -> None:
     plt.close(fig)
 
 
-SIMULATED_GATES: dict[str, sim.GateKind] = {"direct": "none", "count-cap": "count-cap", "slogate": "slogate"}
+SIMULATED_GATES: dict[str, GateKind] = {"direct": "none", "count-cap": "count-cap", "slogate": "slogate"}
+"""The report's scenario names -> the simulator's front names."""
 SIMULATED_SEEDS = 20
 
 
@@ -83,25 +87,20 @@ def simulated_goodput(
 ) -> dict[str, list[tuple[float, float]]]:
     """`slogate simulate`'s goodput at the measured loads, per scenario, for the chat workload.
 
-    The same λ = load · μ and window as the measured runs, the chat preset's own draws as
-    lengths, the same 10 s client patience, the fair count cap; the mean over 20 seeds, so
-    the curve is the model's expectation for one such run. (The window matters above 1x:
-    an ungated queue grows for as long as the overload lasts.)
+    The same λ = load · μ and window as the measured runs, the same chat mix (the very
+    workload the load generator sent) and 10 s client patience, the fair count cap; the
+    mean over 20 seeds, so the curve is the model's expectation for one such run. (The
+    window matters above 1x: an ungated queue grows for as long as the overload lasts.)
     """
-    draws = preset("chat").draws(5000)
-    workload = sim.Workload(
-        prompt_tokens=sim.SampledLengths(tuple(n_in for n_in, _ in draws)),
-        output_tokens=sim.SampledLengths(tuple(n_out for _, n_out in draws)),
-    )
-    server = sim.ServerModel.from_profile(profile)
+    workload, server = preset("chat"), ServerModel.from_profile(profile)
     cap = fair_count_cap(thresholds.concurrency_cap, slo_s, thresholds.concurrency_cap / mu)
     curves: dict[str, list[tuple[float, float]]] = {}
+    fronts = line_up(thresholds, cap)
     for scenario, gate in SIMULATED_GATES.items():
         curves[scenario] = [
-            (load, statistics.fmean(simulate(sim.SimulationConfig(
+            (load, statistics.fmean(simulate(SimulationConfig(
                 server=server, workload=workload, arrival_rate_rps=load * mu, duration_s=seconds,
-                ttft_slo_s=slo_s, gate=gate, thresholds=thresholds,
-                count_cap=sim.CountCap(cap.max_concurrency, cap.max_queue), seed=seed,
+                ttft_slo_s=slo_s, front=fronts[gate], seed=seed,
             )).goodput_rps for seed in range(SIMULATED_SEEDS)))
             for load in loads
         ]  # fmt: skip
@@ -112,17 +111,12 @@ def simulated_time_in_system(
     profile: CalibrationProfile, mu: float, *, slo_s: float, seconds: float = 3600.0
 ) -> list[tuple[float, float]]:
     """The simulator's mean time in system for llama-server alone (patient clients) at ρ = 0.1 .. 0.95."""
-    draws = preset("chat").draws(5000)
-    workload = sim.Workload(
-        prompt_tokens=sim.SampledLengths(tuple(n_in for n_in, _ in draws)),
-        output_tokens=sim.SampledLengths(tuple(n_out for _, n_out in draws)),
-        client_timeout_s=math.inf,
-    )
-    server = sim.ServerModel.from_profile(profile)
+    workload = dataclasses.replace(preset("chat"), client_timeout_s=math.inf)
+    server = ServerModel.from_profile(profile)
     points = []
     for rho in (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.85, 0.9, 0.95):
-        result = simulate(sim.SimulationConfig(server=server, workload=workload, arrival_rate_rps=rho * mu,
-                                               duration_s=seconds, ttft_slo_s=slo_s, seed=7))  # fmt: skip
+        result = simulate(SimulationConfig(server=server, workload=workload, arrival_rate_rps=rho * mu,
+                                           duration_s=seconds, ttft_slo_s=slo_s, seed=7))  # fmt: skip
         if result.mean_time_in_system_s is not None:
             points.append((rho, result.mean_time_in_system_s))
     return points

@@ -23,9 +23,9 @@ import math
 import random
 import statistics
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field, replace
-from typing import Literal
+from typing import Any, Literal
 
 import aiohttp
 
@@ -80,8 +80,9 @@ def _body(prompt: list[int], max_tokens: int) -> dict[str, object]:
     return {"prompt": prompt, "n_predict": max_tokens, "stream": True, "cache_prompt": False, "ignore_eos": True}
 
 
-async def _attempt(session: aiohttp.ClientSession, url: str, body: dict[str, object], headers: dict[str, str],
-                   deadline: float) -> _Attempt:  # fmt: skip
+async def _attempt(
+    session: aiohttp.ClientSession, url: str, body: dict[str, object], headers: dict[str, str], deadline: float
+) -> _Attempt:
     """One POST of a streaming native completion, abandoned at ``deadline`` (loop time)."""
     loop = asyncio.get_running_loop()
     first: float | None = None
@@ -114,10 +115,16 @@ async def _attempt(session: aiohttp.ClientSession, url: str, body: dict[str, obj
 
 
 async def request_with_retries(
-    session: aiohttp.ClientSession, url: str, arrival: Arrival, *, timeout_s: float = 10.0,
-    policy: RetryPolicy = NO_RETRY, budget: RetryBudget | None = None, rng: random.Random | None = None,
+    session: aiohttp.ClientSession,
+    url: str,
+    arrival: Arrival,
+    *,
+    timeout_s: float = 10.0,
+    policy: RetryPolicy = NO_RETRY,
+    budget: RetryBudget | None = None,
+    rng: random.Random | None = None,
     sleep: Sleep = asyncio.sleep,
-) -> Result:  # fmt: skip
+) -> Result:
     """Send one request, retrying rejections per ``policy``, within ``timeout_s`` in all.
 
     The timeout covers the whole request, backoff included (a user's patience): a
@@ -147,17 +154,29 @@ async def request_with_retries(
                 await sleep(delay)
                 continue
         return Result(
-            done.outcome, done.status,
+            done.outcome,
+            done.status,
             None if done.first_token_at is None else done.first_token_at - started,
-            done.ended_at - started, done.retry_after_s, attempts, tuple(rejections), tuple(delays),
-            arrival.class_name, arrival.prompt_tokens, arrival.max_tokens,
-        )  # fmt: skip
+            done.ended_at - started,
+            done.retry_after_s,
+            attempts,
+            tuple(rejections),
+            tuple(delays),
+            arrival.class_name,
+            arrival.prompt_tokens,
+            arrival.max_tokens,
+        )
 
 
 async def one_request(
-    session: aiohttp.ClientSession, url: str, prompt: list[int], *, max_tokens: int, class_name: str | None,
+    session: aiohttp.ClientSession,
+    url: str,
+    prompt: list[int],
+    *,
+    max_tokens: int,
+    class_name: str | None,
     timeout_s: float,
-) -> Result:  # fmt: skip
+) -> Result:
     """POST a streaming native completion once; classify what came back (429 and 503: rejected).
 
     Give it a session whose connector has ``force_close=True`` when requests follow each other
@@ -168,11 +187,18 @@ async def one_request(
     headers = {"X-Slogate-Class": class_name} if class_name else {}
     done = await _attempt(session, url, _body(prompt, max_tokens), headers, started + timeout_s)
     return Result(
-        done.outcome, done.status,
+        done.outcome,
+        done.status,
         None if done.first_token_at is None else done.first_token_at - started,
-        done.ended_at - started, done.retry_after_s, 1,
-        (done.ended_at - started,) if done.outcome == "rejected" else (), (), class_name, len(prompt), max_tokens,
-    )  # fmt: skip
+        done.ended_at - started,
+        done.retry_after_s,
+        1,
+        (done.ended_at - started,) if done.outcome == "rejected" else (),
+        (),
+        class_name,
+        len(prompt),
+        max_tokens,
+    )
 
 
 @dataclass(slots=True)
@@ -192,8 +218,9 @@ class Run:
 
     def for_class(self, class_name: str | None) -> Run:
         """The same run restricted to one class (CPU not apportioned: kept whole)."""
-        return Run(self.duration_s, [r for r in self.results if r.class_name == class_name], self.client_cpu_s,
-                   self.wall_s)  # fmt: skip
+        return Run(
+            self.duration_s, [r for r in self.results if r.class_name == class_name], self.client_cpu_s, self.wall_s
+        )
 
     def within(self, slo_s: float) -> list[Result]:
         """Completed requests whose first token met the SLO."""
@@ -285,10 +312,40 @@ class Run:
         }
 
 
+OUTCOME_COLUMNS = ("within SLO", "served late", "rejected", "refused", "timed out", "errors")
+"""What became of the requests sent, one column per fate: every results table shows them all,
+so each row adds up to its `sent`."""
+
+
+def outcome_counts(run: Mapping[str, Any]) -> list[int]:
+    """A run's counts (``Run.summary``, or a published row of it) in OUTCOME_COLUMNS order;
+    ValueError unless they add up to its requests sent."""
+    counts = [
+        run["within_slo"],
+        run["ok"] - run["within_slo"],  # completed, first token after the SLO
+        run["rejected"],
+        run.get("refused", 0),  # runs older than slogate's 400 have none
+        run["timeout"],
+        run["error"],
+    ]
+    if sum(counts) != run["requests"]:
+        label = " ".join(str(run[k]) for k in ("scenario", "workload", "retry") if k in run) or "a run"
+        at = f" at {run['load']:g}x" if "load" in run else ""
+        raise ValueError(f"{label}{at}: {' + '.join(map(str, counts))} != {run['requests']} sent")
+    return counts
+
+
 async def run_arrivals(
-    url: str, arrivals: list[Arrival], duration_s: float, *, seed: int = 1, timeout_s: float = 10.0,
-    retry: RetryPolicy = NO_RETRY, progress: Progress | None = None, retry_sleep: Sleep = asyncio.sleep,
-) -> Run:  # fmt: skip
+    url: str,
+    arrivals: list[Arrival],
+    duration_s: float,
+    *,
+    seed: int = 1,
+    timeout_s: float = 10.0,
+    retry: RetryPolicy = NO_RETRY,
+    progress: Progress | None = None,
+    retry_sleep: Sleep = asyncio.sleep,
+) -> Run:
     """Send each arrival at its time, never waiting for earlier ones; wait for every request to end."""
     loop = asyncio.get_running_loop()
     rng = random.Random(f"{seed}/retries")  # jitter: apart from the schedule, which stays the same
@@ -322,13 +379,22 @@ async def run_arrivals(
     return run
 
 
-async def open_loop(url: str, rate_rps: float, duration_s: float, workload: Workload, *, seed: int = 1,
-                    timeout_s: float = 10.0, tick: Callable[[], None] | None = None,
-                    retry: RetryPolicy = NO_RETRY, progress: Progress | None = None,
-                    retry_sleep: Sleep = asyncio.sleep) -> Run:  # fmt: skip
+async def open_loop(
+    url: str,
+    rate_rps: float,
+    duration_s: float,
+    workload: Workload,
+    *,
+    seed: int = 1,
+    tick: Callable[[], None] | None = None,
+    retry: RetryPolicy = NO_RETRY,
+    progress: Progress | None = None,
+    retry_sleep: Sleep = asyncio.sleep,
+) -> Run:
     """Poisson arrivals at ``rate_rps`` for ``duration_s``; waits for every request to end.
 
-    ``progress`` is called with each finished request's Result (``tick``, without it).
+    Each client is as patient as the workload says. ``progress`` is called with each
+    finished request's Result (``tick``, without it).
     """
 
     def finished(result: Result) -> None:
@@ -338,5 +404,13 @@ async def open_loop(url: str, rate_rps: float, duration_s: float, workload: Work
             progress(result)
 
     arrivals = schedule(rate_rps, duration_s, workload, seed=seed)
-    return await run_arrivals(url, arrivals, duration_s, seed=seed, timeout_s=timeout_s, retry=retry,
-                              progress=finished, retry_sleep=retry_sleep)  # fmt: skip
+    return await run_arrivals(
+        url,
+        arrivals,
+        duration_s,
+        seed=seed,
+        timeout_s=workload.client_timeout_s,
+        retry=retry,
+        progress=finished,
+        retry_sleep=retry_sleep,
+    )

@@ -1,8 +1,8 @@
 """What the gate itself costs: the core's decision in-process, the sidecar alone on one core.
 
 - Decision: ``decide`` timed in batches of 1,000 calls against a realistic state.
-- Sidecar throughput: ``slogate sidecar`` pinned to CPU 0 (taskset), an instant stub
-  upstream and ``wrk`` pinned to CPU 1. Two runs: every request rejected (the gate held
+- Sidecar throughput: ``slogate sidecar`` (the benchmarks' slogate front) pinned to CPU 0,
+  an instant stub upstream and ``wrk`` pinned to CPU 1. Two runs: every request rejected (the gate held
   full by one open stream, concurrency cap 1, no deferral), and every request proxied
   (a 64-slot stub server, small non-streaming requests with token prompts).
 
@@ -15,7 +15,6 @@ import asyncio
 import json
 import re
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
@@ -31,6 +30,8 @@ import aiohttp
 from slogate_admission.decision import GateConfig, LiveState, Request, decide
 from slogate_admission.derivation import derive_thresholds
 from slogate_admission.schema import CalibrationProfile, Policy, Thresholds
+from slogate_bench.process_fronts import SlogateFront
+from slogate_bench.processes import free_port
 from slogate_bench.stub_upstream import HOLD_TOKEN
 
 WRK_SCRIPT = """wrk.method = "POST"
@@ -77,13 +78,6 @@ def decision_time_us(profile: CalibrationProfile, batches: int = 200, per_batch:
     return {"median_us": statistics.median(per_call), "p99_us": per_call[int(0.99 * (len(per_call) - 1))]}
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
 @contextmanager
 def process(args: list[str]) -> Iterator[subprocess.Popen[bytes]]:
     proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -127,13 +121,14 @@ def wrk(url: str, seconds: int, connections: int) -> dict[str, float]:
     return {"requests_per_s": rps, "requests": total, "non_2xx": int(non2xx.group(1)) if non2xx else 0}
 
 
-def sidecar_throughput(seconds: int = 10) -> dict[str, dict[str, float]]:
+async def sidecar_throughput(seconds: int = 10) -> dict[str, dict[str, float]]:
     """Rejections/s and proxied requests/s of one sidecar pinned to CPU 0."""
     if shutil.which("wrk") is None:
         raise RuntimeError("wrk not found: apt-get install wrk")
     results: dict[str, dict[str, float]] = {}
     work = Path(tempfile.mkdtemp(prefix="slogate-overhead-"))
     stub_port = free_port()
+    stub = f"http://127.0.0.1:{stub_port}"
     cases: dict[str, Thresholds] = {
         "proxied": derive_thresholds(
             Policy.model_validate({"slo": {"ttftSeconds": 5.0}}), stub_profile(), derived_at=datetime.now(UTC)
@@ -147,30 +142,9 @@ def sidecar_throughput(seconds: int = 10) -> dict[str, dict[str, float]]:
         ),
     }
     with process(["taskset", "-c", "1", sys.executable, "-m", "slogate_bench.stub_upstream", str(stub_port)]):
-        asyncio.run(wait_ready(f"http://127.0.0.1:{stub_port}/health"))
+        await wait_ready(stub + "/health")
         for name, thresholds in cases.items():
-            file = work / f"{name}.json"
-            file.write_text(thresholds.model_dump_json(by_alias=True))
-            port, admin = free_port(), free_port()
-            sidecar = [
-                "taskset",
-                "-c",
-                "0",
-                sys.executable,
-                "-m",
-                "slogate_cli.main",
-                "sidecar",
-                "--upstream",
-                f"http://127.0.0.1:{stub_port}",
-                "--thresholds",
-                str(file),
-                "--port",
-                str(port),
-                "--admin-port",
-                str(admin),
-            ]
-            with process(sidecar):
-                asyncio.run(wait_ready(f"http://127.0.0.1:{port}/readyz"))
+            async with SlogateFront(thresholds, cpus="0").in_front_of(stub, work / name) as gate:
                 holder = None
                 if name == "rejected":  # one open stream fills the cap of 1
                     holder = subprocess.Popen(
@@ -179,7 +153,7 @@ def sidecar_throughput(seconds: int = 10) -> dict[str, dict[str, float]]:
                             "-sN",
                             "-X",
                             "POST",
-                            f"http://127.0.0.1:{port}/completion",
+                            f"{gate.url}/completion",
                             "-H",
                             "Content-Type: application/json",
                             "-d",
@@ -187,8 +161,9 @@ def sidecar_throughput(seconds: int = 10) -> dict[str, dict[str, float]]:
                         ],
                         stdout=subprocess.DEVNULL,
                     )
-                    time.sleep(0.5)
-                results[name] = wrk(f"http://127.0.0.1:{port}/completion", seconds, 32 if name == "rejected" else 16)
+                    await asyncio.sleep(0.5)
+                connections = 32 if name == "rejected" else 16
+                results[name] = await asyncio.to_thread(wrk, f"{gate.url}/completion", seconds, connections)
                 if holder is not None:
                     holder.terminate()
     return results
@@ -197,7 +172,7 @@ def sidecar_throughput(seconds: int = 10) -> dict[str, dict[str, float]]:
 def main() -> None:
     profile_files = sorted(Path(".slogate/profiles").glob("*.json"))
     profile = CalibrationProfile.model_validate_json(profile_files[0].read_text()) if profile_files else stub_profile(4)
-    report = {"decision": decision_time_us(profile), "sidecar_one_core": sidecar_throughput()}
+    report = {"decision": decision_time_us(profile), "sidecar_one_core": asyncio.run(sidecar_throughput())}
     print(json.dumps(report, indent=2))
 
 

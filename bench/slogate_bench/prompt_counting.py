@@ -22,8 +22,9 @@ import aiohttp
 
 from slogate_calibration.corpus import SAMPLES
 from slogate_calibration.runtime import LlamaServer, locate
+from slogate_llama.routes import Route
 from slogate_sidecar.prompt_tokens import count_prompt_tokens, estimate_prompt_tokens
-from slogate_sidecar.requests import Route, parse_request
+from slogate_sidecar.requests import parse_request
 
 
 def conversations() -> list[list[dict[str, str]]]:
@@ -57,8 +58,9 @@ async def measure(tokens_per_char: float) -> dict[str, float]:
                 t0 = time.perf_counter()
                 counted = await count_prompt_tokens(session, server.url, parsed)
                 cnt_ms.append((time.perf_counter() - t0) * 1e3)
-                async with session.post(server.url + "/v1/chat/completions", data=body,
-                                        headers={"Content-Type": "application/json"}) as r:  # fmt: skip
+                async with session.post(
+                    server.url + "/v1/chat/completions", data=body, headers={"Content-Type": "application/json"}
+                ) as r:
                     actual = (await r.json())["usage"]["prompt_tokens"]
                 est_err.append((estimate - actual) / actual)
                 cnt_err.append((counted - actual) / actual)

@@ -8,14 +8,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from slogate_admission.derivation import decode_curve, derive_thresholds, prefill_curve
+from slogate_admission.derivation import derive_thresholds
 from slogate_admission.schema import CalibrationProfile, Policy, Thresholds
-from slogate_admission.service import server_seconds_per_request
+from slogate_bench import readme_numbers
+from slogate_bench.capacity import CAPACITY_DRAWS, MU_DEFINITION, ServerModel, capacity_rps
 from slogate_bench.figures import (
     SCENARIOS,
     SIMULATED_GATES,
@@ -26,6 +26,7 @@ from slogate_bench.figures import (
     simulated_goodput,
     simulated_time_in_system,
 )
+from slogate_bench.load import OUTCOME_COLUMNS, outcome_counts
 from slogate_bench.workloads import DESCRIPTIONS, preset
 
 
@@ -38,29 +39,6 @@ def _quantile(values: list[float], q: float) -> float | None:
 def _attainment(run: dict[str, Any]) -> float:
     """Share of served requests whose first token met the SLO."""
     return float(run["within_slo"] / run["ok"]) if run["ok"] else 0.0
-
-
-OUTCOME_COLUMNS = ("within SLO", "served late", "rejected", "refused", "timed out", "errors")
-"""What became of the requests sent, one column per fate: every results table shows them all,
-so each row adds up to its `sent`."""
-
-
-def outcome_counts(run: dict[str, Any]) -> list[int]:
-    """A run's counts in OUTCOME_COLUMNS order; ValueError unless they add up to its requests sent."""
-    counts = [
-        run["within_slo"],
-        run["ok"] - run["within_slo"],  # completed, first token after the SLO
-        run["rejected"],
-        run.get("refused", 0),  # runs older than slogate's 400 have none
-        run["timeout"],
-        run["error"],
-    ]
-    if sum(counts) != run["requests"]:
-        raise ValueError(
-            f"{run['scenario']} {run['workload']} {run['retry']} at {run['load']:g}x: "
-            f"{' + '.join(map(str, counts))} != {run['requests']} sent"
-        )
-    return counts
 
 
 def _fmt(value: float | None, unit: str = "", digits: int = 2) -> str:
@@ -208,15 +186,58 @@ def targets(raw: dict[str, Any], mu: float) -> list[tuple[str, str, bool | None]
     return rows
 
 
-def write_report(
-    raw: dict[str, Any], profile: CalibrationProfile, thresholds: Thresholds, out: Path, plot_dir: Path
-) -> None:
-    """Write the markdown report and the plots."""
-    prefill, decode = prefill_curve(profile), decode_curve(profile)
-    mu = 1 / statistics.fmean(
-        server_seconds_per_request(prefill, decode, a, b, thresholds.concurrency_cap)
-        for a, b in preset("chat").draws(2000)
+def deferral_section(raw: dict[str, Any]) -> list[str]:
+    """The "Deferral" section of docs/benchmarks.md, every request accounted for."""
+    env = raw["environment"]
+    lines = [
+        "## Deferral: what waiting for a slot buys (issue 12.7)",
+        "",
+        f"`make bench-deferral` ({env['date']}, {env['cpu']}, calibration {raw['profile']}): the chat mix",
+        f"at 1x and 2x μ, one class with a {raw['slo_s']:g} s TTFT SLO, {raw['seconds']:g} s of arrivals, clients",
+        f"patient for {raw['client_timeout_s']:g} s; each pair sends the same arrivals to a fresh llama-server.",
+        "The two fronts differ only in `deferral.maxWaitSeconds`:",
+        "",
+    ]
+    for name, d in raw["derived"].items():
+        lines.append(
+            f"- **{name}**: L_max = cap {d['concurrency_cap']} + ⌊μ {d['mu_rps']:.2f}/s x W "
+            f"{d['deferral_wait_s']:.1f} s⌋ = {d['l_max']}"
+        )
+    header = (
+        "variant",
+        "load",
+        "sent",
+        *OUTCOME_COLUMNS,
+        "goodput",
+        "p50 / p99 TTFT",
+        "deferred: admitted / timed out / left",
     )
+    lines += ["", "| " + " | ".join(header) + " |", "|" + " --- |" * len(header)]
+    for r in raw["runs"]:
+        ended = r["deferrals"]
+        cells = [
+            r["variant"], f"{r['load']:g}x", r["requests"], *outcome_counts(r), f"{r['goodput_rps']:.2f}/s",
+            f"{_fmt(r['ttft_p50_s'], ' s')} / {_fmt(r['ttft_p99_s'], ' s')}",
+            f"{ended.get('admitted', 0)} / {ended.get('timed_out', 0)} / {ended.get('cancelled', 0)}",
+        ]  # fmt: skip
+        lines.append("| " + " | ".join(str(c) for c in cells) + " |")
+    lines.append("")
+    return lines
+
+
+def write_report(
+    raw: dict[str, Any],
+    profile: CalibrationProfile,
+    thresholds: Thresholds,
+    out: Path,
+    plot_dir: Path,
+    *,
+    readme: Path | None = None,
+) -> None:
+    """Write the markdown report and the plots (and the README's latest numbers, if given)."""
+    mu = capacity_rps(ServerModel.from_profile(profile), preset("chat"), thresholds.concurrency_cap)
+    if readme is not None:
+        readme_numbers.write(readme, raw, mu)
     loads = sorted({r["load"] for r in main_runs(raw)})
     simulated = simulated_goodput(profile, thresholds, mu, loads, slo_s=raw["slo_s"], seconds=raw.get("seconds", 40.0))
     names = plots(raw, mu, plot_dir, simulated, simulated_time_in_system(profile, mu, slo_s=raw["slo_s"]))
@@ -240,16 +261,18 @@ def write_report(
         f"| workload `chat` | {DESCRIPTIONS['chat']}; streaming, Poisson arrivals, clients give up after 10 s |",
         f"| workload `heavy_tail` | {DESCRIPTIONS['heavy_tail']} |",
         f"| runs | {raw.get('seconds', '?')} s of arrivals each, a fresh llama-server (at nice {raw.get('llama_niceness', 0)}) per run, every front in its own process |",
-        f"| capacity μ (chat) | {mu:.2f} req/s: 1 / mean server seconds per request at the concurrency cap ({thresholds.concurrency_cap}) |",
+        f"| capacity μ (chat) | {mu:.2f} req/s at the concurrency cap ({thresholds.concurrency_cap}), over {CAPACITY_DRAWS:,} requests of the mix |",
+        "",
+        f"**Capacity μ**, the unit of every offered load below, of the fair count cap and rate limit, of `slogate simulate`, `slogate demo` and `make soak` (one definition, `slogate_bench.capacity`): {MU_DEFINITION}",
         "",
         "Scenarios: **direct** (llama-server alone, its own unbounded queue); **count-cap** (4 in",
         "flight + a FIFO queue of ⌊SLO · μ⌋, 503 when full: the depth a careful operator derives",
         "from the same SLO and calibration); **rate-limit** (token bucket at μ, burst 4, 429);",
         "**slogate** (the sidecar with derived thresholds).",
         "",
-        "Goodput may exceed μ: μ is for the mix's mean request, and a gate that serves the",
-        "shorter requests of the mix (slogate refuses prompts whose own prefill cannot fit the",
-        "SLO and, under load, those the queue leaves no room for) completes more of them.",
+        "Goodput may exceed μ: μ is for the whole mix, and a gate that serves the shorter",
+        "requests of the mix (slogate refuses prompts whose own prefill cannot fit the SLO and,",
+        "under load, those the queue leaves no room for) completes more of them per second.",
         "",
         "## Targets",
         "",
@@ -311,6 +334,9 @@ def write_report(
                 f"{r['goodput_rps']:.2f}/s", _fmt(r["ttft_p99_s"], " s"),
             ))  # fmt: skip
         lines.append("")
+    deferral = plot_dir / "deferral.json"  # `make bench-deferral`
+    if deferral.exists():
+        lines += deferral_section(json.loads(deferral.read_text()))
     out.write_text("\n".join(lines))
 
 
@@ -328,7 +354,7 @@ def main() -> None:
         parser.error(f"{args.profile} is {profile.id}, the runs used {raw['profile']}")
     policy = Policy.model_validate({"slo": {"ttftSeconds": raw["slo_s"]}, "deferral": {"maxWaitSeconds": 0.5}})
     thresholds = derive_thresholds(policy, profile, derived_at=datetime.now(UTC))
-    write_report(raw, profile, thresholds, args.out, args.raw.parent)
+    write_report(raw, profile, thresholds, args.out, args.raw.parent, readme=Path("README.md"))
 
 
 if __name__ == "__main__":

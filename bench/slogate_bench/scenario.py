@@ -1,144 +1,29 @@
-"""What a simulation is asked (workload, server, gate, load) and what it answers.
+"""What a simulation is asked (server, workload, front, load) and what it answers.
 
-Plain frozen structures and the closed-form capacity; the event loop that uses them
-is ``slogate_bench.simulator``.
+Plain frozen structures; the workload is the load generator's own (``workloads``), μ is
+``capacity.capacity_rps``, the count cap ``limits.CountCap``. The event loop that uses
+them is ``slogate_bench.simulator``.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
-import numpy as np
-
-from slogate_admission.derivation import decode_curve, prefill_curve
-from slogate_admission.schema import CalibrationProfile, Thresholds
-from slogate_admission.service import DecodeCurve, PrefillCurve, server_seconds_per_request
+from slogate_admission.service import DecodeCurve, PrefillCurve
+from slogate_bench.capacity import ServerModel, capacity_rps
+from slogate_bench.lengths import TokenLengths
+from slogate_bench.simulated_fronts import Direct, FrontSpec, Gated
+from slogate_bench.workloads import Workload
 
 GateKind = Literal["none", "slogate", "count-cap"]
 GATES: tuple[GateKind, ...] = ("none", "slogate", "count-cap")
-ServiceMode = Literal["profile", "exponential"]
-
-DEFAULT_CLIENT_TIMEOUT_S = 10.0
+"""The fronts' names, as `slogate simulate --gate` takes them (``simulated_fronts.line_up``)."""
 
 
 # --------------------------------------------------------------------------- inputs
-
-
-@dataclass(frozen=True, slots=True)
-class TokenLengths:
-    """Token counts drawn uniformly from the integers ``low``..``high`` (fixed when equal)."""
-
-    low: int
-    high: int
-
-    def __post_init__(self) -> None:
-        if self.low < 1 or self.high < self.low:
-            raise ValueError(f"token lengths need 1 <= low <= high, got {self.low}..{self.high}")
-
-    @classmethod
-    def fixed(cls, tokens: int) -> TokenLengths:
-        """Always ``tokens``."""
-        return cls(tokens, tokens)
-
-    @property
-    def mean(self) -> float:
-        """The distribution's mean."""
-        return (self.low + self.high) / 2
-
-    def draw(self, rng: np.random.Generator, count: int) -> list[int]:
-        """``count`` samples."""
-        if self.low == self.high:
-            return [self.low] * count
-        values: list[int] = rng.integers(self.low, self.high + 1, size=count).tolist()
-        return values
-
-
-@dataclass(frozen=True, slots=True)
-class SampledLengths:
-    """Token counts drawn with replacement from given samples: a load-generator preset's own
-    draws, so a simulation sees the very distribution the benchmark sent."""
-
-    samples: tuple[int, ...]
-
-    def __post_init__(self) -> None:
-        if not self.samples or min(self.samples) < 1:
-            raise ValueError("sampled lengths need at least one sample, every one >= 1")
-
-    @property
-    def low(self) -> int:
-        """The smallest sample."""
-        return min(self.samples)
-
-    @property
-    def high(self) -> int:
-        """The largest sample."""
-        return max(self.samples)
-
-    @property
-    def mean(self) -> float:
-        """The samples' mean."""
-        return sum(self.samples) / len(self.samples)
-
-    def draw(self, rng: np.random.Generator, count: int) -> list[int]:
-        """``count`` samples, with replacement."""
-        values: list[int] = rng.choice(np.asarray(self.samples), size=count).tolist()
-        return values
-
-
-Lengths = TokenLengths | SampledLengths
-
-
-@dataclass(frozen=True, slots=True)
-class Workload:
-    """What the clients send, and how patient they are."""
-
-    prompt_tokens: Lengths
-    output_tokens: Lengths
-    """max_tokens, generated in full."""
-    client_timeout_s: float = DEFAULT_CLIENT_TIMEOUT_S
-    """A client leaves if its first token has not come by then; ``math.inf``: never."""
-    service: ServiceMode = "profile"
-    exponential_mean_s: float = 1.0
-    """Mean server-seconds per request in the ``exponential`` service mode."""
-
-    def __post_init__(self) -> None:
-        if not self.client_timeout_s > 0:
-            raise ValueError(f"client timeout must be > 0, got {self.client_timeout_s}")
-        if not (math.isfinite(self.exponential_mean_s) and self.exponential_mean_s > 0):
-            raise ValueError(f"exponential mean must be a finite number > 0, got {self.exponential_mean_s}")
-
-
-@dataclass(frozen=True, slots=True)
-class ServerModel:
-    """The llama-server being simulated: its slots and calibrated speed curves."""
-
-    slots: int
-    prefill: PrefillCurve
-    decode: DecodeCurve
-
-    def __post_init__(self) -> None:
-        if self.slots < 1:
-            raise ValueError(f"slots must be >= 1, got {self.slots}")
-
-    @classmethod
-    def from_profile(cls, profile: CalibrationProfile) -> ServerModel:
-        """The server a calibration profile measured."""
-        return cls(profile.server.slots, prefill_curve(profile), decode_curve(profile))
-
-
-@dataclass(frozen=True, slots=True)
-class CountCap:
-    """The fixed-number gate: ``concurrency`` forwarded at most, ``queue`` waiting in front."""
-
-    concurrency: int
-    queue: int
-
-    def __post_init__(self) -> None:
-        if self.concurrency < 1 or self.queue < 0:
-            raise ValueError(f"count cap needs concurrency >= 1 and queue >= 0, got {self}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -146,19 +31,21 @@ class SimulationConfig:
     """One run."""
 
     server: ServerModel
+    """The simulated llama-server."""
     workload: Workload
+    """What the clients send, and their patience."""
     arrival_rate_rps: float
+    """λ of the Poisson arrivals."""
     duration_s: float
+    """Arrivals come in [0, duration_s]; the run ends when the last request has left."""
     ttft_slo_s: float
     """Goodput counts requests completed with TTFT within this."""
-    gate: GateKind = "none"
-    thresholds: Thresholds | None = None
-    """Required by the ``slogate`` gate."""
-    count_cap: CountCap | None = None
-    """Required by the ``count-cap`` gate."""
+    front: FrontSpec = field(default_factory=Direct)
+    """What stands before llama-server: ``Direct()``, ``CountCapped(cap)`` or ``Gated(thresholds)``."""
     seed: int = 0
+    """Every random draw comes from it: the same seed, the same arrivals for every gate."""
     capacity_rps: float = math.nan
-    """μ, reported back with the result (see ``capacity_rps``); informational."""
+    """μ, reported back with the result (see ``capacity.capacity_rps``); informational."""
 
     def __post_init__(self) -> None:
         for name in ("arrival_rate_rps", "duration_s"):
@@ -167,20 +54,14 @@ class SimulationConfig:
                 raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
         if not self.ttft_slo_s > 0:
             raise ValueError(f"ttft_slo_s must be > 0, got {self.ttft_slo_s!r}")
-        if self.gate not in GATES:
-            raise ValueError(f"gate must be one of {', '.join(GATES)}, got {self.gate!r}")
-        if self.gate == "slogate" and self.thresholds is None:
-            raise ValueError("the slogate gate needs thresholds")
-        if self.gate == "count-cap" and self.count_cap is None:
-            raise ValueError("the count-cap gate needs a CountCap")
-        if self.gate == "slogate" and self.workload.service == "exponential":
+        if isinstance(self.front, Gated) and self.workload.service == "exponential":
             raise ValueError("the slogate gate predicts from token counts: use the profile service mode")
         if self.workload.service == "profile":
             longest = self.workload.prompt_tokens.high + self.workload.output_tokens.high
-            if self.thresholds is not None and longest > self.thresholds.per_request_max_tokens:
+            if isinstance(self.front, Gated) and longest > self.front.thresholds.per_request_max_tokens:
                 raise ValueError(
                     f"prompt + output tokens reach {longest}, beyond one slot's "
-                    f"{self.thresholds.per_request_max_tokens}: llama-server would refuse them"
+                    f"{self.front.thresholds.per_request_max_tokens}: llama-server would refuse them"
                 )
 
 
@@ -191,7 +72,8 @@ class SimulationConfig:
 class SimulationResult:
     """What one run measured. ``offered`` = admitted + rejected + left while waiting at the gate."""
 
-    gate: GateKind
+    gate: str
+    """The front's name (``none``, ``count-cap``, ``slogate``)."""
     arrival_rate_rps: float
     capacity_rps: float
     duration_s: float
@@ -229,25 +111,7 @@ class SimulationResult:
         return dataclasses.asdict(self)
 
 
-# --------------------------------------------------------------------------- capacity
-
-
-def capacity_rps(server: ServerModel, workload: Workload, streams: int) -> float:
-    """μ: the core's work-conserving rate for the workload's mean request at ``streams``.
-
-    1 / ``server_seconds_per_request`` at the rounded mean prompt and output lengths; in
-    the exponential mode, 1 / the mean service time.
-    """
-    if workload.service == "exponential":
-        return 1.0 / workload.exponential_mean_s
-    seconds = server_seconds_per_request(
-        server.prefill,
-        server.decode,
-        round(workload.prompt_tokens.mean),
-        round(workload.output_tokens.mean),
-        streams,
-    )
-    return 1.0 / seconds
+# --------------------------------------------------------------------------- runs
 
 
 def config_for_load(
@@ -257,29 +121,26 @@ def config_for_load(
     load: float,
     duration_s: float,
     ttft_slo_s: float,
-    gate: GateKind,
-    thresholds: Thresholds | None = None,
-    count_cap: CountCap | None = None,
+    front: FrontSpec,
+    concurrency: int | None = None,
     seed: int = 0,
 ) -> SimulationConfig:
-    """A run at ``load`` x μ, μ taken at the derived concurrency cap (the slots without thresholds).
+    """A run at ``load`` x μ, μ taken at ``concurrency`` streams (the derived concurrency cap;
+    the server's slots if None).
 
-    The same λ for every gate, so gates are compared on the same offered traffic (and,
-    with the same seed, on the very same arrivals).
+    Give every front the same ``concurrency``: the same λ, so fronts are compared on the
+    same offered traffic (and, with the same seed, on the very same arrivals).
     """
     if not (math.isfinite(load) and load > 0):
         raise ValueError(f"load must be a finite number > 0, got {load!r}")
-    streams = thresholds.concurrency_cap if thresholds is not None else server.slots
-    mu = capacity_rps(server, workload, streams)
+    mu = capacity_rps(server, workload, concurrency if concurrency is not None else server.slots)
     return SimulationConfig(
         server=server,
         workload=workload,
         arrival_rate_rps=load * mu,
         duration_s=duration_s,
         ttft_slo_s=ttft_slo_s,
-        gate=gate,
-        thresholds=thresholds,
-        count_cap=count_cap,
+        front=front,
         seed=seed,
         capacity_rps=mu,
     )
@@ -301,7 +162,7 @@ def mm1_config(arrival_rate_rps: float, service_rate_rps: float, duration_s: flo
         arrival_rate_rps=arrival_rate_rps,
         duration_s=duration_s,
         ttft_slo_s=math.inf,  # every completion counts (here TTFT = time in system)
-        gate="none",
+        front=Direct(),
         seed=seed,
         capacity_rps=service_rate_rps,
     )

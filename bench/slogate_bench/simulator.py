@@ -2,10 +2,9 @@
 
 Pure: no I/O, no wall clock; every random draw comes from the seed (one RNG stream per
 quantity, so every gate sees the very same arrivals); the same inputs give the same result.
-The gate is the *deployed* one: every arrival is judged by the core's
-``slogate_admission.decision.decide`` against the sidecar's own accounting
-(``slogate_sidecar.ledger.Ledger``), and deferred requests are re-judged exactly when
-the sidecar re-judges them (a first token or a finished request).
+The gate is the *deployed* one: the core's ``slogate_admission.gate_machine.GateMachine``,
+the very object the sidecar drives on its event loop, here driven in virtual time: every
+arrival, first token, release, deferral deadline and client leaving is one of its events.
 
 The server model (a llama.cpp CPU server; one compute resource, e.g. 2 cores)
 -------------------------------------------------------------------------------
@@ -45,11 +44,10 @@ prompts whose clients have already hung up.
 Gates
 -----
 - ``none``: llama-server alone; everything is admitted into its queue.
-- ``slogate``: ``decide`` per arrival against the live ledger (queued prefill tokens,
-  streams, reserved KV, deferred, soonest expected release) with the calibrated prefill
-  rate (the sidecar uses the live measured one); every arrival is of the default class.
-  ADMIT forwards, REJECT is a 429, DEFER waits in a FIFO until a first token or a finished
-  request makes room, and is rejected when ``max_wait_s`` runs out (the sidecar's behaviour).
+- ``slogate``: the GateMachine with the calibrated prefill rate (the sidecar uses the
+  live measured one); every arrival is of the default class. ADMIT forwards, REJECT is a
+  429, DEFER waits until a first token or a finished request makes room, and is judged a
+  last time when its wait runs out (the sidecar's behaviour, by construction).
 - ``count-cap``: the usual magic numbers: at most ``concurrency`` forwarded, at most
   ``queue`` waiting in front (FIFO), reject when both are full.
 
@@ -70,9 +68,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from slogate_admission.decision import Decision, GateConfig, Outcome, Request, decide
 from slogate_bench.scenario import SimulationConfig, SimulationResult
-from slogate_sidecar.ledger import Ledger, Ticket
+from slogate_bench.simulated_fronts import Forward, Hold, Refuse
 
 _CHUNK = 4096
 """Arrivals drawn per batch from each RNG stream."""
@@ -105,9 +102,8 @@ class _Req:
     output_tokens: int
     prefill_s: float
     where: int = _SERVER_QUEUE
-    ticket: Ticket | None = None
     forwarded: bool = False
-    """Holds a count-cap or slogate place (released when it leaves)."""
+    """Went through the front (whose place it holds until it ends)."""
     abandoned: bool = False
     first_token: bool = False
     ttft: float = math.nan
@@ -160,12 +156,7 @@ class _Simulation:
         limit = max(config.server.slots, 1)
         self.seconds_per_token = [0.0] + [config.server.decode.seconds_per_token(b) for b in range(1, limit + 1)]
         # the gate
-        self.gate_config = GateConfig.from_thresholds(config.thresholds) if config.thresholds else None
-        self.ledger = Ledger()
-        self.waiters: deque[_Req] = deque()
-        self.count_cap = config.count_cap
-        self.in_flight = 0
-        self.gate_queue_len = 0
+        self.front = config.front.build()
         # timers: (time, seq, kind, req), stale entries skipped
         self.timers: list[tuple[float, int, int, _Req]] = []
         self.seq = 0
@@ -245,40 +236,17 @@ class _Simulation:
     def _arrive(self, at: float, prompt_tokens: int, output_tokens: int, prefill_s: float) -> None:
         req = _Req(at, prompt_tokens, output_tokens, prefill_s)
         self.offered += 1
-        gate = self.cfg.gate
-        if gate == "none":
-            self._enter(req)
-            self._forward(req)
-        elif gate == "slogate":
-            decision = self._decide(req)
-            if decision.outcome is Outcome.REJECT:
-                self.rejected += 1
-                return
-            self._enter(req)
-            if decision.outcome is Outcome.ADMIT:
-                self._admit(req, decision)
-            else:
-                self.deferred += 1
-                req.where = _AT_GATE
-                self.waiters.append(req)
-                self.ledger.deferred += 1
-                self._push_timer(at + decision.max_wait_s, _DEFER_DEADLINE, req)
+        answer = self.front.arrive(req, prompt_tokens, output_tokens, self.now)
+        if isinstance(answer, Refuse):
+            self.rejected += 1
+            return
+        self._enter(req)
+        if isinstance(answer, Hold):
+            self.deferred += 1
+            req.where = _AT_GATE
+            self._push_timer(answer.deadline, _DEFER_DEADLINE, req)
         else:
-            cap = self.count_cap
-            assert cap is not None
-            if self.in_flight < cap.concurrency:
-                self._enter(req)
-                self.in_flight += 1
-                req.forwarded = True
-                self._forward(req)
-            elif self.gate_queue_len < cap.queue:
-                self._enter(req)
-                self.deferred += 1
-                req.where = _AT_GATE
-                self.waiters.append(req)
-                self.gate_queue_len += 1
-            else:
-                self.rejected += 1
+            self._apply([answer])
 
     def _enter(self, req: _Req) -> None:
         """The request is inside (not rejected on the spot); its client's patience starts now."""
@@ -286,57 +254,25 @@ class _Simulation:
         self.inside += 1
         self._push_timer(req.arrival + self.timeout, _CLIENT_TIMEOUT, req)
 
-    def _decide(self, req: _Req) -> Decision:
-        config = self.gate_config
-        assert config is not None
-        request = Request(req.prompt_tokens, req.output_tokens, waited_s=self.now - req.arrival)
-        return decide(config, request, self.ledger.snapshot(self.now, None), self.now)
-
-    def _admit(self, req: _Req, decision: Decision) -> None:
-        """As ``Gate._admit``: book a ticket, then forward (n_out clamped if the gate said so)."""
-        config = self.gate_config
-        assert config is not None
-        decode_s = decision.output_tokens * config.decode.seconds_per_token(decision.streams_after)
-        req.ticket = self.ledger.admit(decision, req.prompt_tokens, self.now, decode_s)
-        req.output_tokens = min(req.output_tokens, decision.output_tokens)
-        req.forwarded = True
-        self._forward(req)
-
-    def _wake(self) -> None:
-        """As ``Gate._wake``: re-judge waiters in order; stop at the first that must still wait."""
-        while self.waiters:
-            req = self.waiters[0]
-            decision = self._decide(req)
-            if decision.outcome is Outcome.DEFER:
-                return
-            self.waiters.popleft()
-            self.ledger.deferred -= 1
-            if decision.outcome is Outcome.ADMIT:
-                self._admit(req, decision)
+    def _apply(self, answers: list[Forward | Refuse]) -> None:
+        """What the front decided: forward (n_out clamped to what it allows) or refuse."""
+        for answer in answers:
+            req = answer.key
+            assert isinstance(req, _Req)
+            if isinstance(answer, Forward):
+                req.output_tokens = min(req.output_tokens, answer.output_tokens)
+                req.forwarded = True
+                self._forward(req)
             else:
                 self.rejected += 1
                 self._leave(req)
 
     def _release_gate(self, req: _Req) -> None:
-        """The request ended or its client left: return its gate place (once)."""
+        """The request ended or its client left: return its place in front (once)."""
         if not req.forwarded:
             return
         req.forwarded = False
-        if req.ticket is not None:
-            # The ledger's idempotent release; the first token may never have come.
-            if self.ledger.release(req.ticket):
-                self._wake()
-        elif self.count_cap is not None:
-            self.in_flight -= 1
-            while self.waiters:
-                nxt = self.waiters.popleft()
-                if nxt.abandoned:
-                    continue
-                self.gate_queue_len -= 1
-                self.in_flight += 1
-                nxt.forwarded = True
-                self._forward(nxt)
-                break
+        self._apply(self.front.ended(req, self.now))
 
     # ------------------------------------------------------------------ llama-server
 
@@ -375,8 +311,7 @@ class _Simulation:
         req.first_token = True
         req.ttft = self.now - req.arrival
         self.ttfts.append(req.ttft)
-        if req.ticket is not None and self.ledger.first_token(req.ticket):
-            self._wake()
+        self._apply(self.front.first_token(req, self.now))
         if req.output_tokens <= 0:  # the exponential mode: the whole service was the "prefill"
             self._complete(req)
             return
@@ -415,11 +350,8 @@ class _Simulation:
         if req.where == _GONE or req.first_token:
             return  # stale: it finished, was rejected, or its first token came
         if kind == _DEFER_DEADLINE:
-            if req.where == _AT_GATE:  # the sidecar rejects a deferral whose wait ran out
-                self.waiters.remove(req)
-                self.ledger.deferred -= 1
-                self.rejected += 1
-                self._leave(req)
+            if req.where == _AT_GATE:  # the wait ran out: the front judges it a last time
+                self._apply(self.front.deadline(req, self.now))
             return
         self._abandon(req)
 
@@ -428,11 +360,7 @@ class _Simulation:
         self.timed_out += 1
         req.abandoned = True
         if req.where == _AT_GATE:
-            if self.cfg.gate == "slogate":
-                self.waiters.remove(req)
-                self.ledger.deferred -= 1
-            else:
-                self.gate_queue_len -= 1  # skipped lazily when it reaches the head
+            self._apply(self.front.left(req, self.now))
         elif req.where == _PREFILL and self.prefill_fifo[0] is not req:
             self.prefill_fifo.remove(req)  # its prefill had not started: dropped, slot freed
             self._free_slot()
@@ -449,7 +377,7 @@ class _Simulation:
         if ttfts is not None:
             p50, p99 = (float(q) for q in np.quantile(ttfts, [0.5, 0.99]))
         return SimulationResult(
-            gate=self.cfg.gate,
+            gate=self.cfg.front.name,
             arrival_rate_rps=self.cfg.arrival_rate_rps,
             capacity_rps=self.cfg.capacity_rps,
             duration_s=duration,

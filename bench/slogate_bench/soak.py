@@ -23,35 +23,31 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
+import dataclasses
 import json
 import os
-import signal
 import statistics
-import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-import aiohttp
-
-from slogate_admission.derivation import decode_curve, derive_thresholds, prefill_curve
-from slogate_admission.schema import CalibrationProfile, Policy, Thresholds
-from slogate_admission.service import server_seconds_per_request
-from slogate_bench.gate_process import sidecar_argv
+from slogate_admission.derivation import derive_thresholds
+from slogate_admission.schema import Policy
+from slogate_bench.capacity import ServerModel, capacity_rps
+from slogate_bench.gate_process import GateProcess
 from slogate_bench.load import Result, Run, run_arrivals
-from slogate_bench.overhead import free_port
-from slogate_bench.workloads import Arrival, Workload, schedule
-from slogate_calibration.calibrate import CalibrationSettings, calibrate, identify_server
-from slogate_calibration.output import full_json, write_atomic
+from slogate_bench.process_fronts import SlogateFront
+from slogate_bench.profile_cache import cached_or_calibrated
+from slogate_bench.published import replace_block
+from slogate_bench.workloads import Arrival, preset, schedule
+from slogate_calibration.calibrate import CalibrationSettings
+from slogate_calibration.output import write_atomic
 from slogate_calibration.runtime import LlamaServer, locate
 
-PROMPT_TOKENS = 200
-MAX_TOKENS = 32
 DOC_BEGIN = "<!-- soak:begin (written by `make soak`) -->"
 DOC_END = "<!-- soak:end -->"
 
@@ -94,62 +90,6 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-async def profile_for(server: LlamaServer, state_dir: Path) -> CalibrationProfile:
-    """The cached profile for this server's fingerprint, else a fresh calibration (then cached)."""
-    settings = CalibrationSettings(upstream=server.url, server_args=server.args[1:], budget_s=300.0)
-    identity = await identify_server(settings)
-    cache = state_dir / "profiles" / f"{identity.fingerprint}.json"
-    if cache.exists():
-        with contextlib.suppress(ValueError):
-            profile = CalibrationProfile.model_validate_json(cache.read_text())
-            if profile.fingerprint == identity.fingerprint:
-                return profile
-    print(f"calibrating {server.url} (about a minute) ...", flush=True)
-    profile = await calibrate(settings)
-    write_atomic(cache, full_json(profile))
-    return profile
-
-
-@contextlib.asynccontextmanager
-async def sidecar_process(
-    upstream: str, thresholds: Thresholds, state_dir: Path
-) -> AsyncIterator[tuple[int, str, str]]:
-    """`slogate sidecar` as its own process (as in a pod); yields pid, client and admin URLs once ready.
-
-    (gate_process.spawned_gate does the same for the benchmarks; the soak needs the pid,
-    for the sidecar's own RSS and CPU.)"""
-    thresholds_file, token_file, log = (
-        state_dir / name for name in ("soak-thresholds.json", "soak-token", "soak-sidecar.log")
-    )
-    write_atomic(thresholds_file, thresholds.model_dump_json(by_alias=True))
-    write_atomic(token_file, os.urandom(16).hex())
-    port, admin_port = free_port(), free_port()
-    with log.open("ab") as sink:
-        argv = [*sidecar_argv(upstream, thresholds_file, port, admin_port), "--admin-token-file", str(token_file)]
-        process = subprocess.Popen(argv, stdout=sink, stderr=subprocess.STDOUT)
-    url, admin_url = f"http://127.0.0.1:{port}", f"http://127.0.0.1:{admin_port}"
-    try:
-        async with aiohttp.ClientSession() as session:
-            for _ in range(600):
-                if process.poll() is not None:
-                    raise RuntimeError(f"the sidecar exited with {process.returncode}; see {log}")
-                with contextlib.suppress(aiohttp.ClientError):
-                    async with session.get(url + "/readyz") as response:
-                        if response.status == 200:
-                            break
-                await asyncio.sleep(0.1)
-            else:
-                raise RuntimeError(f"the sidecar did not become ready; see {log}")
-        yield process.pid, url, admin_url
-    finally:
-        process.send_signal(signal.SIGTERM)
-        try:
-            process.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
-
-
 async def sample_rss(pid: int, every_s: float, samples: list[tuple[float, int]]) -> None:
     """Append (seconds since start, RSS bytes) until cancelled."""
     started = time.monotonic()
@@ -158,18 +98,15 @@ async def sample_rss(pid: int, every_s: float, samples: list[tuple[float, int]])
         await asyncio.sleep(every_s)
 
 
-async def books_after(admin_url: str, limit_s: float = 60.0) -> tuple[dict[str, int], str]:
+async def books_after(gate: GateProcess, limit_s: float = 60.0) -> tuple[dict[str, int], str]:
     """The live counters once the last handler has ended (bounded wait), and the metrics text."""
-    async with aiohttp.ClientSession() as session:
-        live: dict[str, int] = {}
-        for _ in range(int(limit_s / 0.5)):
-            async with session.get(admin_url + "/slogate/v1/state") as response:
-                live = (await response.json())["live"]
-            if not any(live.values()):
-                break
-            await asyncio.sleep(0.5)
-        async with session.get(admin_url + "/metrics") as response:
-            return live, await response.text()
+    live: dict[str, int] = {}
+    for _ in range(int(limit_s / 0.5)):
+        live = (await gate.state())["live"]
+        if not any(live.values()):
+            break
+        await asyncio.sleep(0.5)
+    return live, await gate.metrics()
 
 
 def series(metrics: str, prefix: str) -> float:
@@ -183,30 +120,33 @@ def sidecar_failures(results: Sequence[Result]) -> int:
     return sum(1 for r in results if r.status >= 500 or (r.outcome == "error" and r.status == 200))
 
 
-def per_minute(arrivals: Sequence[Arrival], results: Sequence[Result], settings: SoakSettings,
-               rss: Sequence[tuple[float, int]]) -> list[dict[str, Any]]:  # fmt: skip
+def per_minute(
+    arrivals: Sequence[Arrival], results: Sequence[Result], settings: SoakSettings, rss: Sequence[tuple[float, int]]
+) -> list[dict[str, Any]]:
     """The run cut into minutes of arrival time."""
     minutes: list[dict[str, Any]] = []
     for m in range(settings.minutes):
         inside = [r for a, r in zip(arrivals, results, strict=True) if m * 60 <= a.at_s < (m + 1) * 60]
         run = Run(60.0, inside)
         memory = [b for t, b in rss if m * 60 <= t < (m + 1) * 60]
-        minutes.append({
-            "minute": m + 1,
-            "warmup": m < settings.warmup_minutes,
-            "offered": len(inside),
-            "withinSlo": len(run.within(settings.slo_s)),
-            "completed": run.count("ok"),
-            "rejected": sum(1 for r in inside if r.status == 429),
-            "refused": run.count("refused"),
-            "errors": run.count("error"),
-            "timedOut": run.count("timeout"),
-            "sidecarFailures": sidecar_failures(inside),
-            "goodputRps": round(run.goodput(settings.slo_s), 3),
-            "ttftP50S": run.ttft_quantile(0.5),
-            "ttftP99S": run.ttft_quantile(0.99),
-            "rssMiB": round(max(memory) / 2**20, 1) if memory else None,
-        })  # fmt: skip
+        minutes.append(
+            {
+                "minute": m + 1,
+                "warmup": m < settings.warmup_minutes,
+                "offered": len(inside),
+                "withinSlo": len(run.within(settings.slo_s)),
+                "completed": run.count("ok"),
+                "rejected": sum(1 for r in inside if r.status == 429),
+                "refused": run.count("refused"),
+                "errors": run.count("error"),
+                "timedOut": run.count("timeout"),
+                "sidecarFailures": sidecar_failures(inside),
+                "goodputRps": round(run.goodput(settings.slo_s), 3),
+                "ttftP50S": run.ttft_quantile(0.5),
+                "ttftP99S": run.ttft_quantile(0.99),
+                "rssMiB": round(max(memory) / 2**20, 1) if memory else None,
+            }
+        )
     return minutes
 
 
@@ -226,25 +166,30 @@ async def soak(settings: SoakSettings) -> dict[str, Any]:
     """Run it; return the figures."""
     settings.state_dir.mkdir(parents=True, exist_ok=True)
     with LlamaServer(locate(), log_path=settings.state_dir / "soak-llama-server.log") as server:
-        profile = await profile_for(server, settings.state_dir)
+        calibration = CalibrationSettings(upstream=server.url, server_args=server.args[1:], budget_s=300.0)
+        profile = await cached_or_calibrated(calibration, settings.state_dir, lambda line: print(line, flush=True))
         policy = Policy.model_validate({"slo": {"ttftSeconds": settings.slo_s}, "deferral": {"maxWaitSeconds": 0.5}})
-        thresholds = derive_thresholds(policy, profile, derived_at=datetime.now(UTC))
-        mu = 1 / server_seconds_per_request(prefill_curve(profile), decode_curve(profile), PROMPT_TOKENS, MAX_TOKENS,
-                                            thresholds.concurrency_cap)  # fmt: skip
+        front = SlogateFront(derive_thresholds(policy, profile, derived_at=datetime.now(UTC)), admin_token=True)
+        workload = dataclasses.replace(preset("uniform"), name="soak", client_timeout_s=settings.client_timeout_s)
+        mu = capacity_rps(ServerModel.from_profile(profile), workload, front.thresholds.concurrency_cap)
         rate = settings.load * mu
         duration = settings.minutes * 60.0
-        workload = Workload(prompt_tokens=lambda _rng: PROMPT_TOKENS, max_tokens=lambda _rng: MAX_TOKENS, name="soak")
         arrivals = schedule(rate, duration, workload, seed=settings.seed)
-        print(f"capacity {mu:.2f} req/s (calibration {profile.id}); offering {rate:.2f} req/s for "
-              f"{settings.minutes} min: {len(arrivals)} requests", flush=True)  # fmt: skip
-        async with sidecar_process(server.url, thresholds, settings.state_dir) as (pid, url, admin_url):
+        print(
+            f"capacity {mu:.2f} req/s (calibration {profile.id}); offering {rate:.2f} req/s for "
+            f"{settings.minutes} min: {len(arrivals)} requests",
+            flush=True,
+        )
+        async with front.in_front_of(server.url, settings.state_dir / "soak") as gate:
             rss: list[tuple[float, int]] = []
-            sampler = asyncio.create_task(sample_rss(pid, settings.rss_every_s, rss))
-            cpu_before = cpu_seconds(pid)
-            run = await run_arrivals(url, arrivals, duration, seed=settings.seed, timeout_s=settings.client_timeout_s)
+            sampler = asyncio.create_task(sample_rss(gate.pid, settings.rss_every_s, rss))
+            cpu_before = cpu_seconds(gate.pid)
+            run = await run_arrivals(
+                gate.url, arrivals, duration, seed=settings.seed, timeout_s=workload.client_timeout_s
+            )
             sampler.cancel()
-            live, metrics = await books_after(admin_url)
-            cpu = cpu_seconds(pid) - cpu_before
+            live, metrics = await books_after(gate)
+            cpu = cpu_seconds(gate.pid) - cpu_before
     after_warmup = [b for t, b in rss if t >= settings.warmup_minutes * 60]
     baseline = after_warmup[0] if after_warmup else rss[-1][1]
     return {
@@ -297,7 +242,7 @@ def markdown(figures: dict[str, Any], verdict: dict[str, bool]) -> str:
         "| minute | offered | within SLO | served late | rejected | refused | timed out | errors | sidecar 5xx "
         "| goodput (req/s) | p50 TTFT (s) | p99 TTFT (s) | RSS (MiB) |",
         "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
-    ]  # fmt: skip
+    ]
     # Runs recorded before refusals and errors were counted per minute had none at all.
     none_at_all = s["refused"] == 0 and s["error"] == 0
 
@@ -307,27 +252,19 @@ def markdown(figures: dict[str, Any], verdict: dict[str, bool]) -> str:
     for m in figures["perMinute"]:
         label = f"{m['minute']}{' (warm-up)' if m['warmup'] else ''}"
         refused, errors = (m.get("refused"), m.get("errors")) if "refused" in m or not none_at_all else (0, 0)
-        lines.append(f"| {label} | {m['offered']} | {m['withinSlo']} | {m['completed'] - m['withinSlo']} | "
-                     f"{m['rejected']} | {refused} | {m['timedOut']} | {errors} | {m['sidecarFailures']} | "
-                     f"{m['goodputRps']:.2f} | {q(m['ttftP50S'])} | {q(m['ttftP99S'])} | {m['rssMiB']} |")  # fmt: skip
+        lines.append(
+            f"| {label} | {m['offered']} | {m['withinSlo']} | {m['completed'] - m['withinSlo']} | "
+            f"{m['rejected']} | {refused} | {m['timedOut']} | {errors} | {m['sidecarFailures']} | "
+            f"{m['goodputRps']:.2f} | {q(m['ttftP50S'])} | {q(m['ttftP99S'])} | {m['rssMiB']} |"
+        )
     lines.append(DOC_END)
     return "\n".join(lines)
 
 
-def update_doc(doc: Path, block: str) -> None:
-    """Replace the marked block (or append it)."""
-    text = doc.read_text() if doc.exists() else ""
-    if DOC_BEGIN in text and DOC_END in text:
-        head, rest = text.split(DOC_BEGIN, 1)
-        text = head + block + rest.split(DOC_END, 1)[1]
-    else:
-        text = text.rstrip("\n") + "\n\n" + block + "\n"
-    write_atomic(doc, text)
-
-
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m slogate_bench.soak", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    parser = argparse.ArgumentParser(
+        prog="python -m slogate_bench.soak", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--minutes", type=int, default=SoakSettings.minutes)
     parser.add_argument("--warmup-minutes", type=int, default=SoakSettings.warmup_minutes)
     parser.add_argument("--load", type=float, default=SoakSettings.load)
@@ -337,18 +274,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.render:
         figures = json.loads(args.out.read_text())
-        update_doc(args.doc, markdown(figures, figures["verdict"]))
+        replace_block(args.doc, DOC_BEGIN, DOC_END, markdown(figures, figures["verdict"]))
         return 0
     if not 0 < args.warmup_minutes < args.minutes:
         parser.error("the warm-up must be shorter than the run, and at least a minute")
-    settings = SoakSettings(minutes=args.minutes, warmup_minutes=args.warmup_minutes, load=args.load,
-                            out_json=args.out, doc=args.doc)  # fmt: skip
+    settings = SoakSettings(
+        minutes=args.minutes, warmup_minutes=args.warmup_minutes, load=args.load, out_json=args.out, doc=args.doc
+    )
     figures = asyncio.run(soak(settings))
     verdict = judge(figures, settings)
     figures["verdict"] = verdict
     write_atomic(settings.out_json, json.dumps(figures, indent=2) + "\n")
     block = markdown(figures, verdict)
-    update_doc(settings.doc, block)
+    replace_block(settings.doc, DOC_BEGIN, DOC_END, block)
     print(block)
     return 0 if all(verdict.values()) else 1
 

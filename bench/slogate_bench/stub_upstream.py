@@ -12,24 +12,12 @@ import sys
 
 from aiohttp import web
 
+from slogate_llama.exposition import IDLE, exposition
+
 HOLD_TOKEN = 7
 """A prompt starting with this token id is held open until the stub stops."""
 
-_METRICS = (
-    "\n".join(
-        f"# TYPE llamacpp:{name} {kind}\nllamacpp:{name} 0"
-        for name, kind in [
-            ("prompt_tokens_total", "counter"),
-            ("prompt_seconds_total", "counter"),
-            ("tokens_predicted_total", "counter"),
-            ("tokens_predicted_seconds_total", "counter"),
-            ("n_decode_total", "counter"),
-            ("requests_processing", "gauge"),
-            ("requests_deferred", "gauge"),
-        ]
-    )
-    + "\n"
-)
+_METRICS = exposition(IDLE)  # counters that never move: the gate learns no live rate
 _CHUNK = b'data: {"index":0,"content":"ok","tokens":[1],"stop":false}\n\n'
 _FINAL = (
     b'data: {"index":0,"content":"","stop":true,"tokens_predicted":1,"tokens_evaluated":3,'

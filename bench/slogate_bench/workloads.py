@@ -1,48 +1,92 @@
-"""What the load generator sends: workload mixes and the arrival schedule drawn from a seed."""
+"""What the clients send: the one workload type, its named mixes, and the arrival schedule.
+
+A ``Workload`` is read by the load generator (``schedule``: one request at a time from
+``random.Random`` streams), by the simulator (batches from numpy) and by the capacity μ
+(``capacity.capacity_rps``): the same lengths, classes and patience everywhere.
+"""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import random
-from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Literal
+
+from slogate_bench.lengths import Lengths, LognormalLengths, MixedLengths, SampledLengths, TokenLengths
 
 INTERACTIVE, BATCH = "interactive", "batch"
+ServiceMode = Literal["profile", "exponential"]
+DEFAULT_CLIENT_TIMEOUT_S = 10.0
+UNIFORM_PROMPTS, UNIFORM_OUTPUTS = TokenLengths.fixed(200), TokenLengths.fixed(32)
+"""The default request: 200 tokens in, 32 out."""
+
+
+@dataclass(frozen=True, slots=True)
+class ClassMix:
+    """Each request ``interactive`` with this probability, else ``batch``."""
+
+    interactive_fraction: float
+    """Within [0, 1]."""
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.interactive_fraction <= 1.0:
+            raise ValueError(f"interactive fraction must be within [0, 1], not {self.interactive_fraction}")
+
+    def one(self, rng: random.Random) -> str:
+        """One request's class."""
+        return INTERACTIVE if rng.random() < self.interactive_fraction else BATCH
 
 
 @dataclass(frozen=True, slots=True)
 class Workload:
-    """What each request looks like; every draw takes the schedule's random source."""
+    """What the clients send, and how patient they are."""
 
-    prompt_tokens: Callable[[random.Random], int] = lambda _rng: 200
-    max_tokens: Callable[[random.Random], int] = lambda _rng: 32
-    class_name: Callable[[random.Random], str | None] = lambda _rng: None
+    prompt_tokens: Lengths = UNIFORM_PROMPTS
+    """n_in of each request."""
+    output_tokens: Lengths = UNIFORM_OUTPUTS
+    """max_tokens of each request, generated in full (ignore_eos)."""
+    classes: ClassMix | None = None
+    """Each request's class, sent as X-Slogate-Class; None: no class header at all."""
     name: str = "custom"
+    """What reports call it."""
+    client_timeout_s: float = DEFAULT_CLIENT_TIMEOUT_S
+    """A client gives up after this long and hangs up (``math.inf``: never). The load generator
+    applies it to the whole answer; the simulator to the first token (its decode is not cut short)."""
+    service: ServiceMode = "profile"
+    """The simulator's service times: the profile's curves, or Exp(``exponential_mean_s``) (M/M/1)."""
+    exponential_mean_s: float = 1.0
+    """Mean server seconds per request in the ``exponential`` service mode."""
+
+    def __post_init__(self) -> None:
+        if not self.client_timeout_s > 0:
+            raise ValueError(f"client timeout must be > 0, got {self.client_timeout_s}")
+        if not (math.isfinite(self.exponential_mean_s) and self.exponential_mean_s > 0):
+            raise ValueError(f"exponential mean must be a finite number > 0, got {self.exponential_mean_s}")
+
+    def class_of(self, rng: random.Random) -> str | None:
+        """One request's class (None without a mix: nothing is taken from ``rng``)."""
+        return None if self.classes is None else self.classes.one(rng)
 
     def draws(self, n: int, seed: int = 1) -> list[tuple[int, int]]:
-        """``n`` (prompt tokens, max tokens) pairs, for the calibrated capacity of a mix.
-
-        A mix's μ is 1 / mean(server seconds per request) over these draws, not the
-        server seconds of the mean request: service time is not linear in the prompt.
-        """
+        """``n`` (prompt tokens, max tokens) pairs, drawn as the schedule draws them."""
         rng = random.Random(seed)
-        return [(self.prompt_tokens(rng), self.max_tokens(rng)) for _ in range(n)]
+        return [(self.prompt_tokens.one(rng), self.output_tokens.one(rng)) for _ in range(n)]
 
 
-def _chat_prompt(rng: random.Random) -> int:
-    # Lognormal with median 100 tokens; σ = 0.7 puts the 99th percentile near 500: chat
-    # sized for a 2-core CPU box, where a 2 s TTFT SLO fits prompts up to ~450 tokens.
-    return max(16, min(1000, round(rng.lognormvariate(math.log(100), 0.7))))
-
-
-def _heavy_tail_prompt(rng: random.Random) -> int:
-    return 1500 if rng.random() < 0.05 else rng.randint(100, 300)
-
+# Chat sized for a 2-core CPU box: a median of 100 tokens, σ = 0.7 puts the 99th percentile
+# near 500, where a 2 s TTFT SLO fits prompts up to ~450 tokens.
+CHAT_PROMPTS = LognormalLengths(median=100, sigma=0.7, low=16, high=1000)
+CHAT_OUTPUTS = SampledLengths((32, 64, 128))
 
 PRESETS: dict[str, Workload] = {
     "uniform": Workload(name="uniform"),
-    "chat": Workload(_chat_prompt, lambda rng: rng.choice((32, 64, 128)), name="chat"),
-    "heavy_tail": Workload(_heavy_tail_prompt, lambda _rng: 32, name="heavy_tail"),
+    "chat": Workload(CHAT_PROMPTS, CHAT_OUTPUTS, name="chat"),
+    "heavy_tail": Workload(
+        MixedLengths(((0.05, TokenLengths.fixed(1500)), (0.95, TokenLengths(100, 300)))),
+        TokenLengths.fixed(32),
+        name="heavy_tail",
+    ),
 }
 DESCRIPTIONS: dict[str, str] = {
     "uniform": "200-token prompts, 32 tokens out",
@@ -54,11 +98,9 @@ DESCRIPTIONS: dict[str, str] = {
 """What each preset is, in words (the report quotes these)."""
 
 
-def class_mix(interactive_fraction: float) -> Callable[[random.Random], str]:
-    """A class draw: ``interactive`` with this probability, else ``batch`` (sent as X-Slogate-Class)."""
-    if not 0.0 <= interactive_fraction <= 1.0:
-        raise ValueError(f"interactive fraction must be within [0, 1], not {interactive_fraction}")
-    return lambda rng: INTERACTIVE if rng.random() < interactive_fraction else BATCH
+def class_mix(interactive_fraction: float) -> ClassMix:
+    """``interactive`` with this probability, else ``batch``."""
+    return ClassMix(interactive_fraction)
 
 
 def preset(name: str, *, interactive_fraction: float | None = None) -> Workload:
@@ -69,8 +111,9 @@ def preset(name: str, *, interactive_fraction: float | None = None) -> Workload:
         raise ValueError(f"unknown workload {name!r}: one of {', '.join(PRESETS)}") from None
     if interactive_fraction is None:
         return base
-    return Workload(base.prompt_tokens, base.max_tokens, class_mix(interactive_fraction),
-                    name=f"{name}+{interactive_fraction:g}interactive")  # fmt: skip
+    return dataclasses.replace(
+        base, classes=ClassMix(interactive_fraction), name=f"{name}+{interactive_fraction:g}interactive"
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,10 +121,15 @@ class Arrival:
     """One scheduled request: when (seconds after the start) and what."""
 
     at_s: float
+    """Seconds after the run's start."""
     first_token_id: int
+    """Its prompt's first token id (the next ones follow)."""
     prompt_tokens: int
+    """n_in."""
     max_tokens: int
+    """n_out, generated in full."""
     class_name: str | None
+    """Sent as X-Slogate-Class; None: no header."""
 
     def prompt(self) -> list[int]:
         """Distinct token ids per request, so no prompt cache helps."""
@@ -104,5 +152,5 @@ def schedule(rate_rps: float, duration_s: float, workload: Workload, *, seed: in
         if at > duration_s:
             return arrivals
         first = contents.randrange(1000, 40000)
-        n_in = workload.prompt_tokens(contents)
-        arrivals.append(Arrival(at, first, n_in, workload.max_tokens(contents), workload.class_name(classes)))
+        n_in = workload.prompt_tokens.one(contents)
+        arrivals.append(Arrival(at, first, n_in, workload.output_tokens.one(contents), workload.class_of(classes)))

@@ -1,8 +1,10 @@
 """Calibration: measure one live llama-server and produce its CalibrationProfile.
 
 Stages, in order, all under one time budget: preflight (is it llama-server, is it
-idle; then the GGUF metadata, KV geometry and fingerprint), warm-up, tokenizer,
-prefill sweep, decode sweep. A run that exceeds its budget stops and names the stage.
+idle; then the GGUF metadata, KV geometry and fingerprint), warm-up, tokenizer, prefill
+(every prompt length's minimum timings), decode (every B's minimum rounds), repeat (more
+timings of the points whose medians are still uncertain, while the budget allows; see
+``repetition``). A run that exceeds its budget stops and names the stage.
 """
 
 from __future__ import annotations
@@ -14,16 +16,21 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 
+from slogate_admission.derivation import DEFAULT_REFERENCE_PROMPT_TOKENS
 from slogate_admission.schema import CalibrationProfile, KVInfo, ServerInfo
 from slogate_calibration.corpus import SAMPLES
 from slogate_calibration.fitting import fit_prefill
 from slogate_calibration.measure import (
+    DECODE_MIN_ROUNDS,
     PromptMaker,
-    measure_decode,
-    measure_prefill,
+    confidence,
+    decode_point,
+    decode_points,
     measure_tokens_per_char,
-    median_points,
     prefill_lengths,
+    prefill_min_timings,
+    prefill_point,
+    prefill_points,
 )
 from slogate_calibration.model_file import (
     ModelFile,
@@ -32,8 +39,14 @@ from slogate_calibration.model_file import (
     kv_bytes_per_token_for,
     read_model_file,
 )
+from slogate_calibration.repetition import Allowance, repeat_unsettled, time_minimum
 from slogate_calibration.server_args import speed_settings
-from slogate_calibration.upstream import LlamaClient, ServerProps, UpstreamError
+from slogate_llama.client import LlamaClient, ServerProps, UpstreamError
+
+DEFAULT_BUDGET_S = 90.0
+"""The measurement's time budget wherever a user does not set one (`slogate calibrate`,
+`slogate up`, the operator's ``calibration.budgetSeconds``): the minimum work takes about
+40 s on a 2-core VM, repetitions stop by three quarters of it (docs/calibration.md)."""
 
 
 class CalibrationError(RuntimeError):
@@ -62,20 +75,30 @@ class CalibrationSettings:
     """The GGUF file it serves; unset: the path its /props reports (same host or pod)."""
     server_args: Sequence[str] = ()
     """The server's command-line arguments: threads, batch and cache types are not in /props."""
-    budget_s: float = 90.0
+    budget_s: float = DEFAULT_BUDGET_S
     """Stop (and write nothing) after this long."""
     force: bool = False
     """Measure even if the server is busy (the numbers will be pessimistic)."""
     wait_s: float = 0.0
     """First wait this long for GET /health to answer 200 (a server still loading its
     model); not counted in the budget. 0: the server must be up already."""
-    decode_repeats: int = 4
     seed: int = 0
+
+
+REPEAT_BUDGET_SHARE = 0.75
+"""Extra timings (stage 'repeat') start only while they are expected to end within the
+first three quarters of the budget: the last quarter is headroom for a machine that
+slows down mid-run."""
+REPEAT_STOP_MARGIN_S = 2.0
+"""And one still running this long before the budget ends is dropped (the fit and the
+profile that follow take milliseconds): repetitions never make a run fail its budget."""
 
 
 @dataclass(slots=True)
 class Progress:
-    """Hooks for a progress display: total work units, then one call per unit done."""
+    """Hooks for a progress display: total work units, then one call per unit done.
+
+    ``start`` is called again, with a larger total, when the stage 'repeat' plans more."""
 
     start: Callable[[int], None] = lambda _total: None
     advance: Callable[[], None] = lambda: None
@@ -88,10 +111,19 @@ class _Run:
     progress: Progress
     stage: str = "preflight"
     started: float = field(default_factory=time.monotonic)
+    done: int = 0
+    """Work units finished: the base of a progress total that grows in stage 'repeat'."""
 
     def enter(self, stage: str) -> None:
         self.stage = stage
         self.progress.stage(stage)
+
+    def advance(self) -> None:
+        self.done += 1
+        self.progress.advance()
+
+    def plan(self, more: int) -> None:
+        self.progress.start(self.done + more)
 
 
 async def calibrate(settings: CalibrationSettings, progress: Progress | None = None) -> CalibrationProfile:
@@ -173,25 +205,32 @@ async def _measure(run: _Run) -> CalibrationProfile:
         who = await identify(client, s)
         props = who.props
         lengths = prefill_lengths(props.ctx_per_slot)
-        run.progress.start(2 + len(SAMPLES) + len(lengths) * 2 + props.total_slots * s.decode_repeats)
+        minimum = sum(prefill_min_timings(n) for n in lengths) + props.total_slots * DECODE_MIN_ROUNDS
+        run.progress.start(2 + len(SAMPLES) + minimum)
 
         run.enter("warm-up")
         # The first requests after start pay one-off costs (page faults, thread spin-up).
         warm = PromptMaker(list(range(100, 400)), seed=s.seed)
         for _ in range(2):
             await client.complete(warm.make(64), n_predict=8)
-            run.progress.advance()
+            run.advance()
 
         run.enter("tokenizer")
-        density = await measure_tokens_per_char(client, SAMPLES, run.progress.advance)
+        density = await measure_tokens_per_char(client, SAMPLES, run.advance)
         maker = PromptMaker(await client.tokenize("\n".join(SAMPLES)), seed=s.seed)
 
         run.enter("prefill")
-        points = await measure_prefill(client, maker, lengths, run.progress.advance)
-        prefill = fit_prefill(median_points(points))
+        prefill = prefill_points(client, maker, lengths)
+        await time_minimum(prefill, time.monotonic, run.advance)
 
         run.enter("decode")
-        decode = await measure_decode(client, maker, props.total_slots, s.decode_repeats, run.progress.advance)
+        decode = decode_points(client, maker, props.total_slots)
+        await time_minimum(decode, time.monotonic, run.advance)
+
+        run.enter("repeat")
+        allowance = Allowance(deadline=run.started + REPEAT_BUDGET_SHARE * s.budget_s)
+        stop_in_s = max(0.0, run.started + s.budget_s - REPEAT_STOP_MARGIN_S - time.monotonic())
+        await repeat_unsettled([*prefill, *decode], allowance, run.advance, run.plan, stop_in_s=stop_in_s)
 
     measured_at = datetime.now(UTC)
     return CalibrationProfile(
@@ -207,8 +246,8 @@ async def _measure(run: _Run) -> CalibrationProfile:
             cache_type_k=who.cache_type_k,
             cache_type_v=who.cache_type_v,
         ),
-        prefill=prefill,
-        decode=tuple(decode),
+        prefill=fit_prefill([prefill_point(p) for p in prefill]),
+        decode=tuple(decode_point(p) for p in decode),
         kv=KVInfo(
             bytes_per_token=who.kv_bytes_per_token,
             capacity_tokens=props.total_slots * props.ctx_per_slot,
@@ -217,6 +256,7 @@ async def _measure(run: _Run) -> CalibrationProfile:
         tokens_per_char=density,
         fingerprint_inputs=who.fingerprint_inputs,
         duration_s=time.monotonic() - run.started,
+        confidence=confidence(prefill, decode, min(DEFAULT_REFERENCE_PROMPT_TOKENS, props.ctx_per_slot // 2)),
     )
 
 

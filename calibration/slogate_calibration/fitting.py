@@ -70,9 +70,13 @@ def fit_prefill(points: Sequence[PrefillPoint]) -> PrefillFit:
         if quad_err <= QUADRATIC_MIN_IMPROVEMENT * affine_err:
             a, b, c = quadratic
             return PrefillFit(
-                form="quadratic", intercept_s=a, linear_s=b, quadratic_s=c,
-                rms_relative_error=quad_err, points=tuple(points),
-            )  # fmt: skip
+                form="quadratic",
+                intercept_s=a,
+                linear_s=b,
+                quadratic_s=c,
+                rms_relative_error=quad_err,
+                points=tuple(points),
+            )
     a, b, _ = affine
     return PrefillFit(
         form="affine",

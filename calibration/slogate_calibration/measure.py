@@ -1,8 +1,9 @@
-"""The measuring stages: prefill sweep, decode sweep, tokenizer density.
+"""The measured points: prefill per prompt length, decode per B, tokenizer density.
 
-Each stage drives the real llama-server with llama-server's own timings (server-side:
-no HTTP or client overhead) and returns plain numbers; fitting and the profile are
-built elsewhere. Medians over repetitions, because this is a shared, noisy machine.
+Each point drives the real llama-server and reads llama-server's own timings
+(server-side: no HTTP or client overhead). A point is the median of repeated timings,
+because this is a shared, noisy machine; how often each is repeated is decided in
+``repetition``, and fitting and the profile are built elsewhere.
 """
 
 from __future__ import annotations
@@ -11,13 +12,21 @@ import asyncio
 import math
 import random
 import statistics
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Protocol
 
-from slogate_admission.schema import DecodePoint, PrefillPoint, TokensPerChar
-from slogate_calibration.upstream import LlamaClient, UpstreamError
+from slogate_admission.schema import CalibrationConfidence, DecodePoint, PrefillPoint, TokensPerChar
+from slogate_calibration.repetition import Repeated, RepeatRule
+from slogate_llama.client import LlamaClient, Timings, UpstreamError
 
 Tick = Callable[[], None]
 """Called once per request finished: drives the progress bar."""
+
+
+class Completer(Protocol):
+    """What timing a point needs of a llama-server: ``LlamaClient.complete`` (or a test's script)."""
+
+    async def complete(self, prompt: Sequence[int], n_predict: int) -> Timings: ...
 
 
 def prefill_lengths(ctx_per_slot: int, reserve: int = 16) -> list[int]:
@@ -32,18 +41,6 @@ def prefill_lengths(ctx_per_slot: int, reserve: int = 16) -> list[int]:
     if not lengths or top > lengths[-1]:
         lengths.append(top)
     return lengths
-
-
-def median_points(points: Sequence[PrefillPoint]) -> list[PrefillPoint]:
-    """One point per prompt length: the median time of its repetitions.
-
-    A neighbour's burst of CPU use doubles one measurement; the median of three
-    ignores it where a mean (or a least-squares fit over raw points) would not.
-    """
-    by_length: dict[int, list[float]] = {}
-    for p in points:
-        by_length.setdefault(p.prompt_tokens, []).append(p.seconds)
-    return [PrefillPoint(prompt_tokens=n, seconds=statistics.median(times)) for n, times in sorted(by_length.items())]
 
 
 class PromptMaker:
@@ -66,64 +63,91 @@ class PromptMaker:
         return [m[(start + i) % len(m)] for i in range(n)]
 
 
-PREFILL_AGREEMENT = 0.10
-"""Two timings of one length within 10% of each other are trusted; else a third decides."""
+TOLERANCE = 0.03
+"""A point is timed again while its median is uncertain by more than 3% (one standard error)."""
+PREFILL_RULE = RepeatRule(tolerance=TOLERANCE, max_timings=6)
+"""At most six timings of a prompt length: about what single timings scattering by 6%
+(this 2-core VM) need to bring the median within 3%."""
+DECODE_RULE = RepeatRule(tolerance=TOLERANCE, max_timings=6)
+"""At most six rounds of B streams (whose timings scatter less)."""
+SHORT_PROMPT_TOKENS = 512
+"""Prompts up to this long are timed at least three times, longer ones at least twice.
+The short ones are cheap (32 + 128 + 512 tokens are a fifth of a sweep) and decide the
+rate at the derivation's 512-token reference prompt most; the long ones are most of the
+budget and get more only while their median is uncertain and the budget has room."""
+DECODE_MIN_ROUNDS = 3
+"""Rounds of B streams every B gets: a round is cheap, and the median of three outvotes
+one disturbed round before the rule has to notice it."""
 
 
-async def _time_prefill(client: LlamaClient, maker: PromptMaker, n: int) -> PrefillPoint:
-    timings = await client.complete(maker.make(n), n_predict=1)
-    if timings.cache_n:
-        raise UpstreamError(f"prompt cache served {timings.cache_n} tokens; cannot time prefill")
-    return PrefillPoint(prompt_tokens=timings.prompt_n, seconds=timings.prompt_ms / 1000)
+def prefill_min_timings(n: int) -> int:
+    """Timings a prompt length gets whatever they say (see SHORT_PROMPT_TOKENS)."""
+    return 3 if n <= SHORT_PROMPT_TOKENS else 2
 
 
-async def measure_prefill(
-    client: LlamaClient, maker: PromptMaker, lengths: Sequence[int], tick: Tick
-) -> list[PrefillPoint]:
-    """One request at a time (no contention), n_predict = 1: prompt_ms is the prefill.
+def prefill_points(client: Completer, maker: PromptMaker, lengths: Sequence[int]) -> list[Repeated]:
+    """One point per prompt length, each timed alone (no contention) with n_predict = 1:
+    then ``prompt_ms`` is the prefill, in seconds."""
 
-    Each length is timed twice (in two passes, so a slow spell hits different
-    lengths), and a third time only where the two disagree by more than 10%: the
-    median of three then discards the disturbed one. Long prompts are most of the
-    budget, so they are not repeated when they need not be.
-    """
-    passes: list[list[PrefillPoint]] = [[], []]
-    for timed in passes:
-        for n in lengths:
-            timed.append(await _time_prefill(client, maker, n))
-            tick()
-    first, second = passes
-    points = [*first, *second]
-    for a, b in zip(first, second, strict=True):
-        if abs(a.seconds - b.seconds) > PREFILL_AGREEMENT * min(a.seconds, b.seconds):
-            points.append(await _time_prefill(client, maker, a.prompt_tokens))
-    return points
+    def timing(n: int) -> Callable[[], Awaitable[float]]:
+        async def once() -> float:
+            timings = await client.complete(maker.make(n), n_predict=1)
+            if timings.cache_n:
+                raise UpstreamError(f"prompt cache served {timings.cache_n} tokens; cannot time prefill")
+            if timings.prompt_n != n:
+                raise UpstreamError(f"asked to prefill {n} tokens, the server prefilled {timings.prompt_n}")
+            return timings.prompt_ms / 1000
+
+        return once
+
+    return [Repeated(n, timing(n), PREFILL_RULE, prefill_min_timings(n)) for n in lengths]
 
 
-async def measure_decode(
-    client: LlamaClient,
-    maker: PromptMaker,
-    max_streams: int,
-    repeats: int,
-    tick: Tick,
-    *,
-    n_predict: int = 64,
-    prompt_tokens: int = 16,
-) -> list[DecodePoint]:
-    """B = 1..max_streams streams at once; per-stream tokens/s is the median over streams and runs.
+def decode_points(
+    client: Completer, maker: PromptMaker, max_streams: int, *, n_predict: int = 64, prompt_tokens: int = 16
+) -> list[Repeated]:
+    """One point per B = 1..max_streams: a round runs B streams at once, and its value is
+    the median per-stream tokens/s of its streams.
 
     Short prompts keep prefill from polluting the decode timing; ``ignore_eos`` makes
-    every stream decode exactly ``n_predict`` tokens.
-    """
-    result: list[DecodePoint] = []
-    for streams in range(1, max_streams + 1):
-        rates: list[float] = []
-        for _ in range(repeats):
+    every stream decode exactly ``n_predict`` tokens."""
+
+    def timing(streams: int) -> Callable[[], Awaitable[float]]:
+        async def once() -> float:
             runs = [client.complete(maker.make(prompt_tokens), n_predict) for _ in range(streams)]
-            rates.extend(t.predicted_per_second for t in await asyncio.gather(*runs))
-            tick()
-        result.append(DecodePoint(streams=streams, tokens_per_second=statistics.median(rates)))
-    return result
+            return statistics.median(t.predicted_per_second for t in await asyncio.gather(*runs))
+
+        return once
+
+    return [Repeated(b, timing(b), DECODE_RULE, DECODE_MIN_ROUNDS) for b in range(1, max_streams + 1)]
+
+
+def prefill_point(point: Repeated) -> PrefillPoint:
+    """The measured point, with how many timings it is the median of and their spread."""
+    return PrefillPoint(prompt_tokens=point.key, seconds=point.median, timings=len(point.values), spread=point.spread)
+
+
+def decode_point(point: Repeated) -> DecodePoint:
+    """The measured point, with how many rounds it is the median of and their spread."""
+    return DecodePoint(
+        streams=point.key, tokens_per_second=point.median, timings=len(point.values), spread=point.spread
+    )
+
+
+def confidence(prefill: Sequence[Repeated], decode: Sequence[Repeated], reference_tokens: int) -> CalibrationConfidence:
+    """The profile's stated confidence: the prefill point nearest the reference prompt, the
+    decode point with every slot busy, and the points left unsettled."""
+    ref = min(prefill, key=lambda p: (abs(p.key - reference_tokens), p.key))
+    top = max(decode, key=lambda p: p.key)
+    return CalibrationConfidence(
+        tolerance=TOLERANCE,
+        prefill_reference_tokens=ref.key,
+        prefill_uncertainty=ref.uncertainty,
+        decode_streams=top.key,
+        decode_uncertainty=top.uncertainty,
+        unsettled_prefill_tokens=tuple(p.key for p in prefill if not p.settled),
+        unsettled_decode_streams=tuple(p.key for p in decode if not p.settled),
+    )
 
 
 async def measure_tokens_per_char(client: LlamaClient, samples: Sequence[str], tick: Tick) -> TokensPerChar:

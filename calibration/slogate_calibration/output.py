@@ -1,8 +1,8 @@
-"""Writing a profile: whole or not at all, and small enough for a termination message.
+"""Writing a profile: whole or not at all, small enough for a termination message, and in one line for people.
 
 A Job's result travels in the pod's termination message, which Kubernetes caps at
 4 KiB: the compact form drops the raw prefill points and the fingerprint inputs
-(the fit and the fingerprint stay) and is checked against that cap.
+(the fit, the fingerprint and the stated confidence stay) and is checked against that cap.
 """
 
 from __future__ import annotations
@@ -51,3 +51,30 @@ def write_atomic(path: Path, text: str) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def summary_line(profile: CalibrationProfile) -> str:
+    """What was measured and how well, for people: id, duration, then the stated confidence.
+
+    E.g. ``q4_1-13b4aa9d-... in 52 s: prefill 470 tok/s ± 1.2% at 512-token prompts, decode
+    60 tok/s per stream ± 0.8% at B = 4 (± one standard error; every point within the 3%
+    tolerance)``. A profile without a confidence (older versions) says so."""
+    head = f"{profile.id} in {profile.duration_s:.0f} s"
+    c = profile.confidence
+    if c is None:
+        return f"{head}: no stated confidence (a profile from an older version)"
+    prefill = next((p for p in profile.prefill.points if p.prompt_tokens == c.prefill_reference_tokens), None)
+    prefill_rate = f"{prefill.prompt_tokens / prefill.seconds:.0f} tok/s " if prefill is not None else ""
+    decode = profile.decode[c.decode_streams - 1].tokens_per_second
+    unsettled = [f"{n}-token prompts" for n in c.unsettled_prefill_tokens]
+    unsettled += [f"B = {b}" for b in c.unsettled_decode_streams]
+    verdict = (
+        f"every point within the {c.tolerance:.0%} tolerance"
+        if not unsettled
+        else f"above the {c.tolerance:.0%} tolerance when repetitions ran out: {', '.join(unsettled)}"
+    )
+    return (
+        f"{head}: prefill {prefill_rate}± {c.prefill_uncertainty:.1%} at {c.prefill_reference_tokens}-token prompts, "
+        f"decode {decode:.0f} tok/s per stream ± {c.decode_uncertainty:.1%} at B = {c.decode_streams} "
+        f"(± one standard error; {verdict})"
+    )

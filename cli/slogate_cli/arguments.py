@@ -3,7 +3,9 @@
 Operators script these commands: a bad flag must give one clear line on stderr and
 exit code 2, never a usage dump or a traceback, and it must do so before anything is
 started (a llama-server, a calibration run). So everything that can be checked from
-the command line alone (numbers, URLs, ports, paths) is checked by the argparse type.
+the command line alone (numbers, URLs, ports, paths) is checked by the argparse type;
+what only running can find, a command raises (``CommandError`` or the packages' own
+errors) and ``main`` reports in the same one-line form.
 """
 
 from __future__ import annotations
@@ -22,6 +24,15 @@ from typing import Any, NoReturn, TypeAlias
 from urllib.parse import urlsplit
 
 EXIT_USAGE = 2
+
+
+class CommandError(Exception):
+    """A mistake or failure a command reports: ``main`` prints ``slogate X: error: <message>``
+    as one line on stderr and exits with ``exit_code`` (2 unless the command documents another)."""
+
+    def __init__(self, message: str, exit_code: int = EXIT_USAGE) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
 
 
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):

@@ -1,10 +1,11 @@
 """`slogate calibrate`: measure a live llama-server, write its CalibrationProfile.
 
 Outputs: ``--out FILE`` (full JSON, written atomically), one compact JSON line on
-stdout, and ``--termination-message-path`` (the compact form, under 4 KiB) for a
-Kubernetes Job. Exit codes: 0 done; 2 bad input or upstream unusable (unreachable,
-not llama-server, busy); 3 the budget ran out (the message names the stage).
-No file is written unless the run completes.
+stdout, ``--termination-message-path`` (the compact form, under 4 KiB) for a
+Kubernetes Job, and one line on stderr for people: what was measured and how well
+(the profile's stated confidence). Exit codes: 0 done; 2 bad input or upstream
+unusable (unreachable, not llama-server, busy); 3 the budget ran out (the message
+names the stage). No file is written unless the run completes.
 """
 
 from __future__ import annotations
@@ -13,14 +14,10 @@ import argparse
 import asyncio
 import sys
 
-from slogate_calibration.calibrate import (
-    BudgetExceededError,
-    CalibrationError,
-    CalibrationSettings,
-    calibrate,
-)
-from slogate_calibration.output import compact_json, full_json, write_atomic
+from slogate_calibration.calibrate import DEFAULT_BUDGET_S, BudgetExceededError, CalibrationSettings, calibrate
+from slogate_calibration.output import compact_json, full_json, summary_line, write_atomic
 from slogate_cli.arguments import (
+    CommandError,
     Subcommands,
     existing_file,
     http_url,
@@ -31,8 +28,8 @@ from slogate_cli.arguments import (
 )
 from slogate_cli.progress_bar import progress_hooks
 
-EXIT_UPSTREAM = 2
 EXIT_BUDGET = 3
+"""The budget ran out (the Job's message names the stage); every other failure exits 2."""
 
 
 def add_parser(subparsers: Subcommands) -> None:
@@ -44,7 +41,7 @@ def add_parser(subparsers: Subcommands) -> None:
     parser.add_argument("--model", type=existing_file, help="the GGUF it serves (default: the path /props reports)")
     parser.add_argument("--out", type=output_file, help="write the full profile JSON here (atomically)")
     parser.add_argument("--termination-message-path", type=output_file, help="write the compact profile here")
-    parser.add_argument("--budget-seconds", type=positive_float, default=90.0, help="stop after this long")
+    parser.add_argument("--budget-seconds", type=positive_float, default=DEFAULT_BUDGET_S, help="stop after this long")
     parser.add_argument(
         "--server-args",
         type=shell_words,
@@ -63,7 +60,7 @@ def add_parser(subparsers: Subcommands) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Calibrate, then write the outputs; errors are one line on stderr."""
+    """Calibrate, then write the outputs; failures raise, for main's one line (exit 3: the budget)."""
     settings = CalibrationSettings(
         upstream=args.upstream,
         model_path=args.model,
@@ -76,11 +73,7 @@ def run(args: argparse.Namespace) -> int:
         with progress_hooks(not args.no_progress) as hooks:
             profile = asyncio.run(calibrate(settings, hooks))
     except BudgetExceededError as error:
-        sys.stderr.write(f"slogate calibrate: error: {error}\n")
-        return EXIT_BUDGET
-    except (CalibrationError, ValueError) as error:
-        sys.stderr.write(f"slogate calibrate: error: {error}\n")
-        return EXIT_UPSTREAM
+        raise CommandError(str(error), EXIT_BUDGET) from error
     compact = compact_json(profile)
     try:
         if args.out is not None:
@@ -90,7 +83,7 @@ def run(args: argparse.Namespace) -> int:
             # and rename(2) onto a mount point fails with EBUSY.
             args.termination_message_path.write_text(compact)
     except OSError as error:  # checked at parse time; the file system can still refuse
-        sys.stderr.write(f"slogate calibrate: error: cannot write {error.filename}: {error.strerror}\n")
-        return EXIT_UPSTREAM
+        raise CommandError(f"cannot write {error.filename}: {error.strerror}") from error
     sys.stdout.write(compact + "\n")
+    sys.stderr.write(f"slogate calibrate: {summary_line(profile)}\n")
     return 0

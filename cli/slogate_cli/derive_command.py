@@ -21,10 +21,11 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from slogate_admission.derivation import DerivationError, derive_thresholds, reference_prompt_warnings
+from slogate_admission.derivation import derive_thresholds, reference_prompt_warnings
 from slogate_admission.schema import CalibrationProfile, ClassPolicy, Policy, Thresholds
+from slogate_admission.validation import first_problem
 from slogate_calibration.output import write_atomic
-from slogate_cli.arguments import Subcommands, existing_file, output_file, positive_float, positive_int
+from slogate_cli.arguments import CommandError, Subcommands, existing_file, output_file, positive_float, positive_int
 
 
 def add_parser(subparsers: Subcommands) -> None:
@@ -97,10 +98,8 @@ def classes(text: str) -> list[dict[str, Any]]:
 
 
 def one_line(error: ValidationError) -> str:
-    """A pydantic error as one line: where, and what (the first problem)."""
-    first = error.errors()[0]
-    where = ".".join(str(p) for p in first["loc"])
-    return f"invalid input at {where or 'top level'}: {first['msg']}"
+    """A pydantic error as one line: where, and what (the first problem; how many more)."""
+    return f"invalid input at {first_problem(error, root='top level')}"
 
 
 def build_policy(args: argparse.Namespace) -> Policy:
@@ -163,12 +162,8 @@ def read_profile(path: Path) -> CalibrationProfile:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Derive and print (or write) the thresholds."""
-    try:
-        thresholds = derive(args)
-    except (ValueError, DerivationError) as error:
-        sys.stderr.write(f"slogate derive: error: {error}\n")
-        return 2
+    """Derive and print (or write) the thresholds; mistakes raise, for main's one line."""
+    thresholds = derive(args)
     for warning in reference_prompt_warnings(thresholds):
         sys.stderr.write(f"slogate derive: warning: {warning}\n")
     text = thresholds.model_dump_json(by_alias=True, indent=2) + "\n"
@@ -176,7 +171,6 @@ def run(args: argparse.Namespace) -> int:
         try:
             write_atomic(args.out, text)
         except OSError as error:  # checked at parse time; the file system can still refuse
-            sys.stderr.write(f"slogate derive: error: --out {args.out}: {error.strerror}\n")
-            return 2
+            raise CommandError(f"--out {args.out}: {error.strerror}") from error
     sys.stdout.write(text)
     return 0

@@ -1,4 +1,10 @@
-"""`slogate`: subcommands, each in its own module, imported only when registered."""
+"""`slogate`: subcommands, each in its own module, imported only when registered.
+
+One error path: a mistake in the flags is reported by the subcommand's parser, and one
+found while running (a command's ``CommandError``, or an error of the packages it calls)
+by ``main``; both as one line, ``slogate X: error: ...``, exit 2 (3 only when
+`calibrate` runs out of budget).
+"""
 
 from __future__ import annotations
 
@@ -6,6 +12,11 @@ import sys
 from collections.abc import Sequence
 from importlib.metadata import PackageNotFoundError, version
 
+from pydantic import ValidationError
+
+from slogate_admission.derivation import DerivationError
+from slogate_calibration.calibrate import CalibrationError
+from slogate_calibration.runtime import LlamaServerError, RuntimeNotFound
 from slogate_cli import (
     calibrate_command,
     demo_command,
@@ -17,9 +28,13 @@ from slogate_cli import (
     up_command,
     whatif_command,
 )
-from slogate_cli.arguments import OneLineParser
+from slogate_cli.arguments import EXIT_USAGE, CommandError, OneLineParser
+from slogate_cli.derive_command import one_line
 
 DISTRIBUTION = "slogate"
+MISTAKES = (CommandError, ValueError, DerivationError, CalibrationError, LlamaServerError, RuntimeNotFound, OSError)
+"""What a command may raise for main to report as one line: the user's input, the server's
+state or the machine's refusal, never a bug (a traceback still shows those)."""
 
 
 def distribution_version() -> str:
@@ -52,16 +67,30 @@ def build_parser() -> OneLineParser:
     return parser
 
 
+def error_line(error: BaseException) -> str:
+    """An error as the one line after ``error:``: an OSError by the file it concerns (if any), a
+    pydantic error by its first problem, anything else by its message on one line."""
+    if isinstance(error, OSError) and error.strerror:
+        return f"{error.filename}: {error.strerror}" if error.filename else error.strerror
+    if isinstance(error, ValidationError):
+        return one_line(error)
+    return " ".join(str(error).splitlines())
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the console script."""
     parser = build_parser()
     args, extras = parser.parse_known_args(argv)
+    command: OneLineParser = getattr(args, "command_parser", parser)
     if extras:
         # argparse would report them as the top level's ("slogate: error: ..."); they were
         # given to the subcommand, whose flags are what the user should be shown.
-        command: OneLineParser = getattr(args, "command_parser", parser)
         command.unrecognized(extras)
-    code: int = args.run(args)
+    try:
+        code: int = args.run(args)
+    except MISTAKES as error:
+        sys.stderr.write(f"{command.prog}: error: {error_line(error)}\n")
+        return error.exit_code if isinstance(error, CommandError) else EXIT_USAGE
     return code
 
 

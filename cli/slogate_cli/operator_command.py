@@ -25,9 +25,13 @@ def add_parser(subparsers: Subcommands) -> None:
     )
     scope = parser.add_mutually_exclusive_group()
     scope.add_argument(
-        "-n", "--namespace", action="append", dest="namespaces", metavar="NS",
+        "-n",
+        "--namespace",
+        action="append",
+        dest="namespaces",
+        metavar="NS",
         help="serve this namespace (repeatable); default: SLOGATE_OPERATOR_NAMESPACES, else all",
-    )  # fmt: skip
+    )
     scope.add_argument("-A", "--all-namespaces", action="store_true", help="serve every namespace")
     peering = parser.add_mutually_exclusive_group()
     peering.add_argument("--peering", help="kopf peering name shared by the replicas (default: slogate)")

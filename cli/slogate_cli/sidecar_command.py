@@ -10,11 +10,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import logging
+import re
 import signal
 import sys
 from pathlib import Path
+from typing import Any
 
 from slogate_cli.arguments import (
     Subcommands,
@@ -32,8 +35,25 @@ NO_TOKEN_WARNING = "the admin API refuses every threshold push (401) without --a
 """Said once at start: a sidecar without a token file only ever serves its boot thresholds."""
 
 
+HEADER_NAME = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")
+"""An HTTP field name (RFC 9110 token)."""
+
+
+def _default(name: str) -> Any:
+    """A SidecarSettings field's default: the one place each default is stated."""
+    (found,) = (f for f in dataclasses.fields(SidecarSettings) if f.name == name)
+    return found.default
+
+
+def header_name(text: str) -> str:
+    """An HTTP header name."""
+    if not HEADER_NAME.match(text):
+        raise argparse.ArgumentTypeError(f"not an HTTP header name: {text!r}")
+    return text
+
+
 def add_parser(subparsers: Subcommands) -> None:
-    """Register `sidecar`."""
+    """Register `sidecar`: one flag per SidecarSettings field, defaulting to the field's default."""
     parser = subparsers.add_parser(
         "sidecar", help="run the admission gate in front of llama-server", description=__doc__
     )
@@ -43,9 +63,9 @@ def add_parser(subparsers: Subcommands) -> None:
     # Not required to exist: the operator mounts it from an optional ConfigMap, and a
     # sidecar without it starts not ready until thresholds are pushed (it logs why).
     parser.add_argument("--thresholds", type=Path, help="thresholds JSON at boot (the ConfigMap mount)")
-    parser.add_argument("--host", default="127.0.0.1", help="bind address (0.0.0.0 in a pod)")
-    parser.add_argument("--port", type=port, default=8081, help="client port")
-    parser.add_argument("--admin-port", type=port, default=8082, help="admin API and /metrics port")
+    parser.add_argument("--host", default=_default("host"), help="bind address (0.0.0.0 in a pod)")
+    parser.add_argument("--port", type=port, default=_default("port"), help="client port")
+    parser.add_argument("--admin-port", type=port, default=_default("admin_port"), help="admin API and /metrics port")
     parser.add_argument(
         "--admin-token-file",
         type=existing_file,
@@ -54,17 +74,58 @@ def add_parser(subparsers: Subcommands) -> None:
     )
     parser.add_argument("--api-key-classes", type=existing_file, help="JSON file: {api key: class}")
     parser.add_argument(
+        "--class-header",
+        type=header_name,
+        default=_default("class_header"),
+        help="request header naming the request's class, ahead of --api-key-classes; a class the policy does not "
+        "list is served as its defaultClass (default: %(default)s)",
+    )
+    parser.add_argument(
         "--prompt-counting",
         choices=[m.value for m in PromptCounting],
-        default=PromptCounting.TOKENIZE.value,
+        default=_default("prompt_counting").value,
         help="n_in from llama-server's /tokenize (exact, a loopback call) or estimated from characters",
     )
-    parser.add_argument("--max-body-bytes", type=positive_int, default=1 << 20, help="larger request bodies get 413")
+    parser.add_argument(
+        "--max-body-bytes", type=positive_int, default=_default("max_body_bytes"), help="larger request bodies get 413"
+    )
+    parser.add_argument(
+        "--max-output-tokens",
+        type=positive_int,
+        default=_default("max_output_tokens"),
+        help="an output limit (max_tokens, n_predict, ...) above this is refused with 400 as absurd; "
+        "what fits the KV cache is the gate's decision, not this bound's",
+    )
+    parser.add_argument(
+        "--upstream-connect-timeout",
+        type=positive_float,
+        default=_default("upstream_connect_timeout_s"),
+        help="seconds to connect to llama-server: 504 beyond (a refused connection is 503 at once)",
+    )
     parser.add_argument(
         "--upstream-read-timeout",
         type=positive_float,
-        default=60.0,
+        default=_default("upstream_read_timeout_s"),
         help="seconds without upstream bytes: 504",
+    )
+    parser.add_argument(
+        "--client-read-timeout",
+        type=positive_float,
+        default=_default("client_read_timeout_s"),
+        help="seconds a client has to send its whole request, on both ports (headers late: the connection "
+        "is closed; body late: 408); also how long an idle keep-alive connection stays open",
+    )
+    parser.add_argument(
+        "--poll-interval",
+        type=positive_float,
+        default=_default("poll_interval_s"),
+        help="seconds between reads of llama-server's /health and /metrics (the live rates)",
+    )
+    parser.add_argument(
+        "--rate-max-age",
+        type=positive_float,
+        default=_default("rate_max_age_s"),
+        help="seconds after which a live rate is stale and the calibrated one is used again",
     )
     parser.add_argument(
         "--expose-upstream-admin",
@@ -98,12 +159,30 @@ def settings_from(args: argparse.Namespace) -> SidecarSettings:
         thresholds_file=args.thresholds,
         admin_token_file=args.admin_token_file,
         api_key_classes=classes,
+        class_header=args.class_header,
         prompt_counting=PromptCounting(args.prompt_counting),
         max_body_bytes=args.max_body_bytes,
+        max_output_tokens=args.max_output_tokens,
+        upstream_connect_timeout_s=args.upstream_connect_timeout,
         upstream_read_timeout_s=args.upstream_read_timeout,
+        client_read_timeout_s=args.client_read_timeout,
+        poll_interval_s=args.poll_interval,
+        rate_max_age_s=args.rate_max_age,
         expose_upstream_admin=args.expose_upstream_admin,
         access_log=not args.no_access_log,
     )
+
+
+def markdown_table(parser: argparse.ArgumentParser) -> str:
+    """The flags table of docs/sidecar.md: each flag's help as --help shows it, default included."""
+    formatter = parser._get_formatter()
+    rows = ["| flag | meaning |", "| --- | --- |"]
+    for action in parser._actions:
+        if not action.option_strings or action.dest == "help":
+            continue
+        meaning = formatter._expand_help(action) + (" (required)" if action.required else "")
+        rows.append(f"| `{action.option_strings[0]}` | {meaning} |")
+    return "\n".join(rows)
 
 
 def run(args: argparse.Namespace) -> int:

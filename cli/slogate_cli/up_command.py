@@ -18,20 +18,15 @@ from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
 
-from pydantic import ValidationError
 from rich.console import Console
 from rich.table import Table
 
-from slogate_admission.derivation import DerivationError, derive_thresholds, reference_prompt_warnings
-from slogate_admission.schema import CalibrationProfile, Thresholds
-from slogate_calibration.calibrate import (
-    CalibrationError,
-    CalibrationSettings,
-    calibrate,
-    identify_server,
-)
-from slogate_calibration.output import full_json, write_atomic
-from slogate_calibration.runtime import LlamaServer, LlamaServerError, RuntimeNotFound, locate
+from slogate_admission.derivation import derive_thresholds, reference_prompt_warnings, thresholds_prefill_curve
+from slogate_admission.schema import CalibrationProfile, ClassThresholds, Thresholds
+from slogate_bench.profile_cache import cached_or_calibrated
+from slogate_calibration.calibrate import DEFAULT_BUDGET_S, CalibrationSettings
+from slogate_calibration.output import write_atomic
+from slogate_calibration.runtime import LlamaServer, locate
 from slogate_cli.arguments import (
     STATE_DIR_HELP,
     Subcommands,
@@ -66,7 +61,7 @@ def add_parser(subparsers: Subcommands) -> None:
     parser.add_argument("--parallel", type=positive_int, help=f"llama-server slots (default: {PARALLEL})")
     parser.add_argument("--ctx", type=positive_int, help=f"llama-server total context (default: {CTX})")
     parser.add_argument("--state-dir", type=state_dir, default=Path(".slogate"), help=STATE_DIR_HELP)
-    parser.add_argument("--budget-seconds", type=positive_float, default=120.0, help="calibration budget")
+    parser.add_argument("--budget-seconds", type=positive_float, default=DEFAULT_BUDGET_S, help="calibration budget")
     parser.add_argument("--once", action="store_true", help="print the thresholds and stop")
     parser.add_argument("--port", type=port, default=8081, help="the gate's client port")
     parser.add_argument("--admin-port", type=port, default=8082, help="the gate's admin and /metrics port")
@@ -102,34 +97,6 @@ def llama_server(args: argparse.Namespace) -> Iterator[tuple[str, tuple[str, ...
         server.stop()
 
 
-def cached_or_fresh_profile(
-    args: argparse.Namespace, settings: CalibrationSettings, console: Console
-) -> CalibrationProfile:
-    """The cached profile for this server's fingerprint, else a new calibration (then cached)."""
-    identity = asyncio.run(identify_server(settings))
-    cache = args.state_dir / "profiles" / f"{identity.fingerprint}.json"
-    if cache.exists():
-        try:
-            profile = CalibrationProfile.model_validate_json(cache.read_text())
-        except ValidationError:
-            console.print(f"cached profile {cache} is unreadable: calibrating again")
-        else:
-            if profile.fingerprint == identity.fingerprint:
-                console.print(f"using cached profile {profile.id} (fingerprint {identity.fingerprint})")
-                return profile
-    # Said with the absolute path: --state-dir is relative to where `up` runs, and a run from
-    # another directory finds no cache and measures again.
-    console.print(
-        f"calibrating (fingerprint {identity.fingerprint}, budget {settings.budget_s:g} s): "
-        f"no usable profile for it in {cache.parent.resolve()}"
-    )
-    with progress_hooks(not args.no_progress) as hooks:
-        profile = asyncio.run(calibrate(settings, hooks))
-    write_atomic(cache, full_json(profile))
-    console.print(f"calibrated {profile.id} in {profile.duration_s:.0f} s, cached at {cache}")
-    return profile
-
-
 def thresholds_table(profile: CalibrationProfile, t: Thresholds) -> Table:
     """The derived thresholds, readable."""
     table = Table(title=f"slogate thresholds for {t.model} {t.quantization} ({t.calibration_id})")
@@ -149,52 +116,61 @@ def thresholds_table(profile: CalibrationProfile, t: Thresholds) -> Table:
         f"min(policy, slots, decode cap {t.decode_streams_cap})",
     )
     table.add_row("KV capacity", f"{t.kv_capacity_tokens} tokens", f"{t.kv_bytes_per_token:.0f} B/token")
-    table.add_row("L_max", str(t.l_max), f"λ {t.throughput_rps:.2f} req/s x W_max {t.w_max_seconds:.1f} s")
+    table.add_row(
+        "μ",
+        f"{t.throughput_rps:.2f} req/s",
+        f"completions at the cap, {t.reference_prompt_tokens} tokens in, {t.reference_output_tokens} out",
+    )
     for c in t.classes:
         table.add_row(
             f"class {c.name}",
             f"{c.token_budget:.0f} tokens",
             f"TTFT budget {c.ttft_budget_seconds:g} s (own SLO {c.ttft_slo_seconds:g} s), cap {c.concurrency_cap}",
         )
+        table.add_row(f"  L_max {c.name}", str(c.l_max), l_max_derivation(t, c))
     return table
 
 
+def l_max_derivation(t: Thresholds, c: ClassThresholds) -> str:
+    """L_max = cap + ⌊μ · W⌋ with the numbers, and where W comes from."""
+    prefill_s = thresholds_prefill_curve(t).seconds(t.reference_prompt_tokens)
+    cap_on_wait = "" if t.max_wait_seconds is None else f", max wait {t.max_wait_seconds:g} s"
+    return (
+        f"cap {c.concurrency_cap} + ⌊μ {t.throughput_rps:.2f}/s x W {c.deferral_wait_seconds:.1f} s⌋ = "
+        f"{c.concurrency_cap} + {c.l_max - c.concurrency_cap}; W = max(0, SLO {c.ttft_slo_seconds:g} s − "
+        f"T_prefill({t.reference_prompt_tokens}) {prefill_s:.2f} s){cap_on_wait}"
+    )
+
+
 def run(args: argparse.Namespace) -> int:
-    """Bring the stack up; one-line errors on failure."""
+    """Bring the stack up; mistakes raise, for main's one line."""
     console = Console(stderr=True)
-    try:
-        # Everything the flags alone can refute, before llama-server starts and calibrates.
-        check_flag_combinations(args)
-        policy = build_policy(args)
+    # Everything the flags alone can refute, before llama-server starts and calibrates.
+    check_flag_combinations(args)
+    policy = build_policy(args)
+    if not args.once:
+        check_ports_free(HOST, {"--port": args.port, "--admin-port": args.admin_port})
+    with llama_server(args) as (url, server_args):
+        settings = CalibrationSettings(upstream=url, server_args=server_args, budget_s=args.budget_seconds)
+        profile = asyncio.run(
+            cached_or_calibrated(settings, args.state_dir, say, lambda: progress_hooks(not args.no_progress))
+        )
+        thresholds = derive_thresholds(policy, profile, derived_at=datetime.now(UTC))
+        write_atomic(
+            args.state_dir / "thresholds.json",
+            thresholds.model_dump_json(by_alias=True, indent=2),
+        )
+        Console().print(thresholds_table(profile, thresholds))
+        for warning in reference_prompt_warnings(thresholds):
+            sys.stderr.write(f"slogate up: warning: {warning}\n")
         if not args.once:
-            check_ports_free(HOST, {"--port": args.port, "--admin-port": args.admin_port})
-        with llama_server(args) as (url, server_args):
-            settings = CalibrationSettings(upstream=url, server_args=server_args, budget_s=args.budget_seconds)
-            profile = cached_or_fresh_profile(args, settings, console)
-            thresholds = derive_thresholds(policy, profile, derived_at=datetime.now(UTC))
-            write_atomic(
-                args.state_dir / "thresholds.json",
-                thresholds.model_dump_json(by_alias=True, indent=2),
-            )
-            Console().print(thresholds_table(profile, thresholds))
-            for warning in reference_prompt_warnings(thresholds):
-                sys.stderr.write(f"slogate up: warning: {warning}\n")
-            if args.once:
-                return 0
             asyncio.run(serve_gate(url, thresholds, args, console))
-    except (
-        CalibrationError,
-        DerivationError,
-        LlamaServerError,
-        RuntimeNotFound,
-        ValueError,
-    ) as error:
-        sys.stderr.write(f"slogate up: error: {error}\n")
-        return 2
-    except OSError as error:  # a port taken since the check, an unwritable state dir
-        sys.stderr.write(f"slogate up: error: {error.strerror or error}\n")
-        return 2
     return 0
+
+
+def say(line: str) -> None:
+    """A line for people on stderr, as it is: scripts grep for it, and the terminal wraps it."""
+    print(line, file=sys.stderr, flush=True)
 
 
 def check_flag_combinations(args: argparse.Namespace) -> None:

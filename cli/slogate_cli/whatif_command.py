@@ -16,6 +16,7 @@ from collections.abc import Callable
 
 from slogate_admission.whatif import WhatIfInputs, what_if
 from slogate_cli.arguments import (
+    CommandError,
     Subcommands,
     fraction,
     non_negative_float,
@@ -57,7 +58,7 @@ def add_parser(subparsers: Subcommands) -> None:
     )
     for flag, (parse, text) in FLAGS.items():
         parser.add_argument(flag, type=parse, help=text)
-    parser.set_defaults(run=run, what_if_parser=parser)
+    parser.set_defaults(run=run)
 
 
 GEOMETRY = ("--layers", "--kv-heads", "--head-dim", "--kv-bytes-per-elem")
@@ -84,16 +85,11 @@ def check_inputs(args: argparse.Namespace) -> str | None:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Evaluate and print; core-level contradictions become one-line errors."""
+    """Evaluate and print; contradictions in the flags or in the core's inputs raise, for main's one line."""
     problem = check_inputs(args)
     if problem is not None:
-        args.what_if_parser.error(problem)
+        raise CommandError(problem)
     # argparse stores --prefill-tps as prefill_tps: the dataclass's field names.
     inputs = WhatIfInputs(**{name: getattr(args, name) for name in WhatIfInputs.__slots__})
-    try:
-        result = what_if(inputs)
-    except ValueError as error:
-        sys.stderr.write(f"slogate what-if: error: {error}\n")
-        return 2
-    sys.stdout.write(json.dumps(result, sort_keys=True) + "\n")
+    sys.stdout.write(json.dumps(what_if(inputs), sort_keys=True) + "\n")
     return 0

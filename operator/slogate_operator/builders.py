@@ -14,6 +14,7 @@ from typing import Any
 
 from slogate_operator import names
 from slogate_operator.fingerprint import LlamaContainer, mounted_volumes, shell_join
+from slogate_operator.timestamps import format_time
 
 CALIBRATOR_RESOURCES = {"requests": {"cpu": "100m", "memory": "256Mi"}, "limits": {"memory": "1Gi"}}
 """The calibrator sends requests and reads a GGUF header; the llama.cpp container beside
@@ -30,9 +31,14 @@ RESTRICTED_SECURITY = {
     "seccompProfile": {"type": "RuntimeDefault"},
 }
 COPIED_POD_FIELDS = (
-    "nodeSelector", "tolerations", "imagePullSecrets", "securityContext",
-    "runtimeClassName", "priorityClassName", "serviceAccountName",
-)  # fmt: skip
+    "nodeSelector",
+    "tolerations",
+    "imagePullSecrets",
+    "securityContext",
+    "runtimeClassName",
+    "priorityClassName",
+    "serviceAccountName",
+)
 """Pod fields a calibration Job copies from the target: same hardware, same pull rights."""
 PROBES = ("livenessProbe", "readinessProbe", "startupProbe")
 
@@ -109,13 +115,17 @@ def calibration_job(request: CalibrationRequest) -> dict[str, Any]:
         server["env"] = [*server.get("env", []), {"name": "LLAMA_ARG_ENDPOINT_METRICS", "value": "1"}]
     args = [
         "calibrate",
-        "--upstream", f"http://127.0.0.1:{port}",
+        "--upstream",
+        f"http://127.0.0.1:{port}",
         f"--server-args={shell_join(llama.server_args())}",  # "=": a value like "--metrics" is no flag
-        "--termination-message-path", "/dev/termination-log",
-        "--budget-seconds", f"{request.budget_seconds:g}",
-        "--wait-seconds", f"{max(1.0, request.timeout_seconds - request.budget_seconds):g}",
+        "--termination-message-path",
+        "/dev/termination-log",
+        "--budget-seconds",
+        f"{request.budget_seconds:g}",
+        "--wait-seconds",
+        f"{max(1.0, request.timeout_seconds - request.budget_seconds):g}",
         "--no-progress",
-    ]  # fmt: skip
+    ]
     model = llama.model_path()
     if model is not None:
         args += ["--model", model]
@@ -222,7 +232,7 @@ def secret_token(secret: Mapping[str, Any]) -> str | None:
 
 def event(policy: PolicyRef, *, kind: str, reason: str, message: str, now: datetime, instance: str) -> dict[str, Any]:
     """A core/v1 Event about a policy, named like client-go names them (object.hex-nanos)."""
-    stamp = now.strftime("%Y-%m-%dT%H:%M:%SZ")
+    stamp = format_time(now)
     return {
         "apiVersion": "v1",
         "kind": "Event",

@@ -10,14 +10,16 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from enum import StrEnum
 from typing import Any
 
 from pydantic import ValidationError
 
 from slogate_admission.schema import CalibrationProfile
+from slogate_admission.validation import first_problem
 from slogate_operator import names
+from slogate_operator.timestamps import parse_time
 
 
 class JobState(StrEnum):
@@ -49,17 +51,6 @@ class JobOutcome:
     waiting: tuple[str, str] | None = None
     """While running: (reason, message) of what holds its pod back (Unschedulable,
     ImagePullBackOff...), so a Pending Job says why instead of timing out in silence."""
-
-
-def parse_time(text: object) -> datetime | None:
-    """An RFC 3339 timestamp from the API, or None."""
-    if not isinstance(text, str) or not text:
-        return None
-    try:
-        parsed = datetime.fromisoformat(text.replace("Z", "+00:00"))
-    except ValueError:
-        return None
-    return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
 
 
 def _condition(job: Mapping[str, Any], kind: str) -> Mapping[str, Any] | None:
@@ -106,9 +97,10 @@ def job_outcome(
             if terminated.get("exitCode") == 0:
                 return _read_profile(str(terminated.get("message") or ""))
         return JobOutcome(
-            JobState.FAILED, reason=FailureReason.INVALID_RESULT,
+            JobState.FAILED,
+            reason=FailureReason.INVALID_RESULT,
             message="the Job completed but no calibrator pod with a result is left (deleted?)",
-        )  # fmt: skip
+        )
     failed = _condition(job, "Failed")
     if failed is not None:
         detail = next((str(t.get("message") or "").strip() for t in ended if t.get("exitCode") != 0), "")
@@ -121,16 +113,24 @@ def job_outcome(
     created = parse_time(job["metadata"].get("creationTimestamp"))
     if created is not None and now - created > deadline:
         return JobOutcome(
-            JobState.FAILED, reason=FailureReason.TIMED_OUT,
+            JobState.FAILED,
+            reason=FailureReason.TIMED_OUT,
             message=f"Job {job['metadata']['name']} has not finished {deadline.total_seconds():g} s after its creation",
-        )  # fmt: skip
+        )
     return JobOutcome(JobState.RUNNING, waiting=pod_waiting(job_pods(job, pods)))
 
 
-STUCK_CONTAINER_REASONS = frozenset({
-    "ErrImagePull", "ImagePullBackOff", "InvalidImageName", "CreateContainerConfigError",
-    "CreateContainerError", "CrashLoopBackOff", "RunContainerError",
-})  # fmt: skip
+STUCK_CONTAINER_REASONS = frozenset(
+    {
+        "ErrImagePull",
+        "ImagePullBackOff",
+        "InvalidImageName",
+        "CreateContainerConfigError",
+        "CreateContainerError",
+        "CrashLoopBackOff",
+        "RunContainerError",
+    }
+)
 """Container waiting reasons that will not clear by themselves (``ContainerCreating`` will)."""
 
 
@@ -153,13 +153,12 @@ def _read_profile(message: str) -> JobOutcome:
     try:
         profile = CalibrationProfile.model_validate_json(message)
     except ValidationError as invalid:
-        first = invalid.errors()[0]
-        where = ".".join(str(p) for p in first["loc"]) or "(message)"
         return JobOutcome(
-            JobState.FAILED, reason=FailureReason.INVALID_RESULT,
-            message=f"the calibrator's result is not a valid profile: {where}: {first['msg']} "
+            JobState.FAILED,
+            reason=FailureReason.INVALID_RESULT,
+            message=f"the calibrator's result is not a valid profile: {first_problem(invalid, root='(message)')} "
             f"({len(message)} bytes)",
-        )  # fmt: skip
+        )
     return JobOutcome(JobState.SUCCEEDED, profile=profile)
 
 

@@ -183,9 +183,11 @@ class KubeClient:
     ) -> dict[str, Any]:
         """RFC 7386 merge patch (lists are replaced whole)."""
         patched: dict[str, Any] = await self.request(
-            "PATCH", resource.path(namespace, name, subresource), body=patch,
+            "PATCH",
+            resource.path(namespace, name, subresource),
+            body=patch,
             content_type="application/merge-patch+json",
-        )  # fmt: skip
+        )
         return patched
 
     async def json_patch(
@@ -199,9 +201,11 @@ class KubeClient:
         """RFC 6902 JSON patch; a failed ``test`` op raises ConflictError."""
         try:
             patched: dict[str, Any] = await self.request(
-                "PATCH", resource.path(namespace, name, subresource), body=list(ops),
+                "PATCH",
+                resource.path(namespace, name, subresource),
+                body=list(ops),
                 content_type="application/json-patch+json",
-            )  # fmt: skip
+            )
         except ApiError as error:
             if error.status == 422 and any(op.get("op") == "test" for op in ops):
                 raise ConflictError(error.status, error.reason, str(error)) from None
@@ -212,9 +216,10 @@ class KubeClient:
         """Delete in the background (dependents follow); False if it was already gone."""
         try:
             await self.request(
-                "DELETE", resource.path(namespace, name),
+                "DELETE",
+                resource.path(namespace, name),
                 body={"apiVersion": "v1", "kind": "DeleteOptions", "propagationPolicy": "Background"},
-            )  # fmt: skip
+            )
         except NotFoundError:
             return False
         return True

@@ -4,7 +4,7 @@ A calibration describes one model + quantization + server settings + CPU. All of
 is visible in the container spec: the image (the llama.cpp build), llama-server's
 settings (model path, threads, slots, context, batch, cache types: flags and
 ``LLAMA_ARG_*`` variables, read as llama-server reads them, see
-``slogate_calibration.server_flags``), the threading environment, the volumes holding
+``slogate_llama.flags``), the threading environment, the volumes holding
 the model (and the init containers that fill them), and the CPU requests and limits.
 A change to any of these is a new model, quantization or speed and triggers
 calibration; a change elsewhere (a label, the replica count, another container, the
@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
 from typing import Any
 
-from slogate_calibration.server_flags import ServerSettings, env_flags, flag_table, read_settings
+from slogate_llama.flags import ServerSettings, env_flags, flag_table, read_settings
 from slogate_operator.names import ANNOTATION_RECALIBRATE, SIDECAR_CONTAINER
 
 RELEVANT_ENV_PREFIXES = ("LLAMA_", "GGML_", "OMP_", "GOMP_", "KMP_", "MKL_", "OPENBLAS_")
@@ -89,10 +89,13 @@ def _unreadable_note(variable: str, source: Mapping[str, Any], name: str | None)
     if "cpu" in str((source.get("resourceFieldRef") or {}).get("resource", "")):
         return [f"{what}: it follows the CPU requests and limits, which are fingerprinted"]
     if name == "--model":
-        return [f"{what}: calibration asks llama-server for the model file, and changes do not trigger "
-                f"calibration{_FORCE}"]  # fmt: skip
-    return [f"{what}: llama-server's default for {name or variable} is assumed, and changes do not trigger "
-            f"calibration{_FORCE}"]  # fmt: skip
+        return [
+            f"{what}: calibration asks llama-server for the model file, and changes do not trigger calibration{_FORCE}"
+        ]
+    return [
+        f"{what}: llama-server's default for {name or variable} is assumed, and changes do not trigger "
+        f"calibration{_FORCE}"
+    ]
 
 
 @dataclass(frozen=True, slots=True)
@@ -223,8 +226,10 @@ class LlamaContainer:
                 "llama-server runs without --metrics: the sidecar has no live prefill rate, and calibration "
                 "enables /metrics for its own run only"
             )
-        notes += [f"llama-server rejects {word!r} (invalid argument): pass the value as the next argument"
-                  for word in settings.joined]  # fmt: skip
+        notes += [
+            f"llama-server rejects {word!r} (invalid argument): pass the value as the next argument"
+            for word in settings.joined
+        ]
         if settings.unknown:
             notes.append(
                 "llama-server arguments not in the operator's table of its flags are fingerprinted as written: "
@@ -291,15 +296,18 @@ def _fingerprinted_env(llama: LlamaContainer) -> list[dict[str, Any]]:
         if found is not None and (name in literal or found[0].name in NOT_FINGERPRINTED):
             continue
         if found is not None or name.startswith(RELEVANT_ENV_PREFIXES):
-            entries.append({"name": name, "valueFrom": entry["valueFrom"]} if name not in literal
-                           else {"name": name, "value": literal[name]})  # fmt: skip
+            entries.append(
+                {"name": name, "valueFrom": entry["valueFrom"]}
+                if name not in literal
+                else {"name": name, "value": literal[name]}
+            )
     return entries
 
 
 def fingerprint_inputs(llama: LlamaContainer, recalibrate: str | None = None) -> dict[str, Any]:
     """Everything that changes the model, its quantization or its speed.
 
-    llama-server's own settings enter normalised (``server_flags``), so a flag's spelling,
+    llama-server's own settings enter normalised (``slogate_llama.flags``), so a flag's spelling,
     its order, or a variable in place of a flag changes nothing; the settings in
     ``NOT_FINGERPRINTED`` stay out.
     """

@@ -37,9 +37,18 @@ SIDECAR_RESOURCES = {"requests": {"cpu": "50m", "memory": "64Mi"}, "limits": {"m
 OUR_VOLUMES = (names.THRESHOLDS_VOLUME, names.TOKEN_VOLUME, names.TMP_VOLUME)
 QUANTITY_SUFFIXES = tuple(
     (suffix, Decimal(base) ** power)
-    for suffix, base, power in (("Ki", 1024, 1), ("Mi", 1024, 2), ("Gi", 1024, 3), ("Ti", 1024, 4),
-                                ("m", "0.001", 1), ("k", 1000, 1), ("M", 1000, 2), ("G", 1000, 3), ("T", 1000, 4))
-)  # fmt: skip
+    for suffix, base, power in (
+        ("Ki", 1024, 1),
+        ("Mi", 1024, 2),
+        ("Gi", 1024, 3),
+        ("Ti", 1024, 4),
+        ("m", "0.001", 1),
+        ("k", 1000, 1),
+        ("M", 1000, 2),
+        ("G", 1000, 3),
+        ("T", 1000, 4),
+    )
+)
 """Kubernetes quantity suffixes, two-letter ones first (``Mi`` before ``M``)."""
 
 
@@ -61,6 +70,9 @@ class SidecarConfig:
     resources: Mapping[str, Any] | None = None
     llama_container: str | None = None
     """The llama.cpp container whose port name the sidecar takes over (None: the first)."""
+    settings_flags: tuple[str, ...] = ()
+    """`slogate sidecar` flags of the settings the policy tunes (SidecarSpec.settings_flags);
+    the sidecar's own defaults for the rest."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,14 +124,22 @@ def sidecar_container(config: SidecarConfig, port_name: str = names.CLIENT_PORT_
     thresholds = f"{names.THRESHOLDS_DIR}/{names.THRESHOLDS_KEY}"
     args = [
         "sidecar",
-        "--upstream", f"http://127.0.0.1:{config.upstream_port}",
-        "--host", "0.0.0.0",
-        "--port", str(config.port),
-        "--admin-port", str(config.admin_port),
-        "--thresholds", thresholds,
-        "--admin-token-file", f"{names.TOKEN_DIR}/{names.TOKEN_KEY}",
-        "--prompt-counting", config.prompt_counting,
-    ]  # fmt: skip
+        "--upstream",
+        f"http://127.0.0.1:{config.upstream_port}",
+        "--host",
+        "0.0.0.0",
+        "--port",
+        str(config.port),
+        "--admin-port",
+        str(config.admin_port),
+        "--thresholds",
+        thresholds,
+        "--admin-token-file",
+        f"{names.TOKEN_DIR}/{names.TOKEN_KEY}",
+        "--prompt-counting",
+        config.prompt_counting,
+        *config.settings_flags,
+    ]
     return {
         "name": names.SIDECAR_CONTAINER,
         "image": config.image,
@@ -133,10 +153,14 @@ def sidecar_container(config: SidecarConfig, port_name: str = names.CLIENT_PORT_
         # Ready only with thresholds loaded and llama-server healthy: traffic waits for both.
         # Probes name the number: the client port's name is whichever the Service targets.
         "readinessProbe": {
-            "httpGet": {"path": "/readyz", "port": config.port}, "periodSeconds": 2, "failureThreshold": 2,
+            "httpGet": {"path": "/readyz", "port": config.port},
+            "periodSeconds": 2,
+            "failureThreshold": 2,
         },
         "livenessProbe": {
-            "httpGet": {"path": "/healthz", "port": config.port}, "periodSeconds": 10, "failureThreshold": 3,
+            "httpGet": {"path": "/healthz", "port": config.port},
+            "periodSeconds": 10,
+            "failureThreshold": 3,
         },
         "volumeMounts": [
             {"name": names.THRESHOLDS_VOLUME, "mountPath": names.THRESHOLDS_DIR, "readOnly": True},
@@ -145,7 +169,7 @@ def sidecar_container(config: SidecarConfig, port_name: str = names.CLIENT_PORT_
         ],
         "resources": copy.deepcopy(dict(config.resources) if config.resources else SIDECAR_RESOURCES),
         "securityContext": copy.deepcopy(RESTRICTED_SECURITY),
-    }  # fmt: skip
+    }
 
 
 def sidecar_volumes(config: SidecarConfig) -> list[dict[str, Any]]:
@@ -207,8 +231,9 @@ def injected_template(template: Mapping[str, Any], config: SidecarConfig) -> dic
     llama, port_name, probes = _hand_over_port(containers, config)
     containers.append(sidecar_container(config, port_name or names.CLIENT_PORT_NAME))
     spec["volumes"] = [*spec.get("volumes", []), *sidecar_volumes(config)]
-    record = InjectionRecord(policy=mine, llama=llama, port=config.upstream_port if port_name else None,
-                             port_name=port_name, probes=probes)  # fmt: skip
+    record = InjectionRecord(
+        policy=mine, llama=llama, port=config.upstream_port if port_name else None, port_name=port_name, probes=probes
+    )
     meta = desired.setdefault("metadata", {})
     meta.setdefault("labels", {})[names.LABEL_POLICY] = mine
     meta.setdefault("annotations", {})[names.ANNOTATION_INJECTION] = record.to_json()

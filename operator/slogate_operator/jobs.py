@@ -16,14 +16,14 @@ from typing import Any
 
 from slogate_admission.schema import CalibrationProfile
 from slogate_operator import builders, metrics, names
-from slogate_operator.calibration import FailureReason, JobState, job_outcome, parse_time, retry_delay
+from slogate_operator.calibration import FailureReason, JobState, job_outcome, retry_delay
 from slogate_operator.client import JOBS, PODS, AlreadyExistsError, ApiError
 from slogate_operator.context import Runtime
 from slogate_operator.spec import AdmissionPolicySpec
 from slogate_operator.targets import Target
+from slogate_operator.timestamps import format_time, parse_time
 
 log = logging.getLogger("slogate.operator")
-STAMP = "%Y-%m-%dT%H:%M:%SZ"
 _OUTCOME_LABEL = {
     FailureReason.FAILED: "failed",
     FailureReason.TIMED_OUT: "timed_out",
@@ -81,8 +81,13 @@ async def advance(  # noqa: PLR0911 (each outcome of a Job returns its own progr
         return Progress(JobState.RUNNING, record, waiting=outcome.waiting)
     if outcome.state is JobState.SUCCEEDED:
         metrics.calibrations.labels(policy.namespace, policy.name, "succeeded").inc()
-        log.info("calibration %s of %s/%s succeeded: %s", job_name, policy.namespace, policy.name,
-                 outcome.profile.id if outcome.profile else "?")  # fmt: skip
+        log.info(
+            "calibration %s of %s/%s succeeded: %s",
+            job_name,
+            policy.namespace,
+            policy.name,
+            outcome.profile.id if outcome.profile else "?",
+        )
         return Progress(JobState.SUCCEEDED, None, profile=outcome.profile)
 
     assert outcome.reason is not None
@@ -134,10 +139,16 @@ async def _start(
             raise  # the API server is unwell, not the Job: the pass fails and backs off
         why = f"the API server refused the Job: {refused}"
         return _failed(rt, policy, record, FailureReason.REJECTED, why, now=now)
-    record = {k: v for k, v in record.items() if k != "nextAttemptAt"} | {"startedAt": now.strftime(STAMP)}
+    record = {k: v for k, v in record.items() if k != "nextAttemptAt"} | {"startedAt": format_time(now)}
     metrics.calibrations.labels(policy.namespace, policy.name, "started").inc()
-    log.info("calibration Job %s started for %s/%s (Deployment %s, fingerprint %s)", body["metadata"]["name"],
-             policy.namespace, policy.name, target.name, key)  # fmt: skip
+    log.info(
+        "calibration Job %s started for %s/%s (Deployment %s, fingerprint %s)",
+        body["metadata"]["name"],
+        policy.namespace,
+        policy.name,
+        target.name,
+        key,
+    )
     return Progress(JobState.RUNNING, record, started=True)
 
 
@@ -160,14 +171,21 @@ def _failed(
         "lastFailure": {
             "reason": reason.value,
             "message": f"attempt {attempts}: {message}",
-            "at": now.strftime(STAMP),
+            "at": format_time(now),
             "jobUid": job_uid,
         },
-        "nextAttemptAt": retry_at.strftime(STAMP),
+        "nextAttemptAt": format_time(retry_at),
     }
     metrics.calibrations.labels(policy.namespace, policy.name, _OUTCOME_LABEL[reason]).inc()
-    log.warning("calibration %s of %s/%s failed (attempt %d), next attempt after %s: %s", record.get("job"),
-                policy.namespace, policy.name, attempts, record["nextAttemptAt"], message)  # fmt: skip
+    log.warning(
+        "calibration %s of %s/%s failed (attempt %d), next attempt after %s: %s",
+        record.get("job"),
+        policy.namespace,
+        policy.name,
+        attempts,
+        record["nextAttemptAt"],
+        message,
+    )
     return Progress(JobState.FAILED, record, wake_at=retry_at)
 
 

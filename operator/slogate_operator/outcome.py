@@ -7,12 +7,12 @@ from collections.abc import Mapping
 from typing import Any
 
 from slogate_operator import builders, metrics
-from slogate_operator.calibration import parse_time
 from slogate_operator.client import POLICIES, ApiError
 from slogate_operator.context import Runtime
 from slogate_operator.push import PushReport
 from slogate_operator.spec import AdmissionPolicySpec
 from slogate_operator.status import Condition, ConditionType, DegradedError, condition_dicts, newly_true
+from slogate_operator.timestamps import parse_time
 
 C = ConditionType
 

@@ -164,11 +164,13 @@ class Pass:
             return None
         if len(scan.fingerprints) > 1:
             detail = ", ".join(f"{t.name}={t.fingerprint}" for t in scan.targets)
-            self.degraded.append((
-                "TargetsDiffer",
-                f"selected Deployments run different llama.cpp containers ({detail}); "
-                "a policy calibrates one model: use one policy per model",
-            ))  # fmt: skip
+            self.degraded.append(
+                (
+                    "TargetsDiffer",
+                    f"selected Deployments run different llama.cpp containers ({detail}); "
+                    "a policy calibrates one model: use one policy per model",
+                )
+            )
             self.calibrated = Condition(C.CALIBRATED, False, "TargetsDiffer", detail)
             return None
         return scan.targets[0].fingerprint
@@ -188,6 +190,7 @@ class Pass:
                 token_secret=self.rt.settings.admin_token_secret,
                 resources=sidecar.resources.model_dump(exclude_defaults=True) if sidecar.resources else None,
                 llama_container=target.llama.name,
+                settings_flags=sidecar.settings_flags(),
             )
 
             def desired(template: Mapping[str, Any], config: SidecarConfig = config) -> dict[str, Any]:
@@ -257,10 +260,12 @@ class Pass:
             and (stored.recalibrate == self.recalibrate)
         ):
             self.calibrated = Condition(
-                C.CALIBRATED, False, "Stale",
+                C.CALIBRATED,
+                False,
+                "Stale",
                 f"the target changed (fingerprint {key}) but calibration.onRollout is false: "
                 f"calibration {profile.id} stays in force (annotate {names.ANNOTATION_RECALIBRATE} to recalibrate)",
-            )  # fmt: skip
+            )
             return stored, False
         target = scan.targets[0]
         progress = await jobs.advance(
@@ -307,11 +312,15 @@ class Pass:
         except DerivationError as error:
             self.degraded.append(("SLOUnattainable", f"calibration {profile.id}: {error}"))
             return stored, fresh
-        budget = int(next(c.token_budget for c in derived.classes if c.name == derived.default_class))
-        self.events.append((
-            "Normal", "ThresholdsDerived",
-            f"thresholds of calibration {profile.id}: token budget {budget}, concurrency cap {derived.concurrency_cap}",
-        ))  # fmt: skip
+        budget = int(derived.default_class_thresholds.token_budget)
+        self.events.append(
+            (
+                "Normal",
+                "ThresholdsDerived",
+                f"thresholds of calibration {profile.id}: token budget {budget}, "
+                f"concurrency cap {derived.concurrency_cap}",
+            )
+        )
         return dataclasses.replace(stored, thresholds=derived, policy_digest=digest), True
 
     async def push(self, scan: targets.TargetScan, stored: stores.StoredCalibration, token: str) -> PushReport:
@@ -335,9 +344,13 @@ class Pass:
         found = endpoints(list(pods.values()), sidecar.admin_port, injected=sidecar.inject)
         tracker = self.rt.push_tracker(self.policy.namespace, self.policy.name)
         tracker.start(
-            self.rt.http, found, stored.thresholds, token, self.rt.push_settings,
+            self.rt.http,
+            found,
+            stored.thresholds,
+            token,
+            self.rt.push_settings,
             done=lambda: self.rt.poke(self.policy.namespace, self.policy.name),
-        )  # fmt: skip
+        )
         report = tracker.report(found, thresholds_version(stored.thresholds))
         self.status["pushed"] = report.text
         self.status["sidecars"] = {

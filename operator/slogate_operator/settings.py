@@ -1,8 +1,9 @@
 """Operator settings: one frozen dataclass, one docstring per field, read from the environment.
 
-Every field has an environment variable (``SLOGATE_OPERATOR_<FIELD>``, upper case) so a
-Helm chart sets them in the Deployment; `slogate operator` flags override the scope and
-peering ones. docs/operator.md lists them all.
+Every field has an environment variable (``SLOGATE_OPERATOR_<FIELD>``, upper case), which
+is how the Helm chart sets them in the Deployment (docs/operator.md says which values set
+which, and why three are left out); `slogate operator` flags override the scope, peering,
+image and port ones. docs/operator.md lists them all.
 """
 
 from __future__ import annotations
@@ -83,9 +84,15 @@ class OperatorSettings:
     """Port of kopf's liveness endpoint (/healthz); 0: none."""
 
     def __post_init__(self) -> None:
-        for name in ("resync_seconds", "error_backoff_seconds", "calibration_retry_seconds",
-                     "calibration_retry_max_seconds", "push_backoff_seconds", "push_timeout_seconds",
-                     "api_backoff_seconds"):  # fmt: skip
+        for name in (
+            "resync_seconds",
+            "error_backoff_seconds",
+            "calibration_retry_seconds",
+            "calibration_retry_max_seconds",
+            "push_backoff_seconds",
+            "push_timeout_seconds",
+            "api_backoff_seconds",
+        ):
             value = getattr(self, name)
             if not (math.isfinite(value) and value > 0):
                 raise SettingsError(f"{name} must be a finite number > 0, got {value!r}")
@@ -95,9 +102,10 @@ class OperatorSettings:
         for name in ("metrics_port", "liveness_port"):
             if not 0 <= getattr(self, name) <= 65535:
                 raise SettingsError(f"{name} must be a port number or 0, got {getattr(self, name)!r}")
-        jitter = self.startup_jitter_seconds
-        if not (math.isfinite(jitter) and jitter >= 0):
-            raise SettingsError(f"startup_jitter_seconds must be a finite number >= 0, got {jitter!r}")
+        for name in ("startup_jitter_seconds", "calibration_grace_seconds"):
+            value = getattr(self, name)
+            if not (math.isfinite(value) and value >= 0):
+                raise SettingsError(f"{name} must be a finite number >= 0, got {value!r}")
         if self.priority < 0:
             raise SettingsError(f"priority must be >= 0 (0: random), got {self.priority}")
         if not self.image:

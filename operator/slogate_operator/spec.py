@@ -17,6 +17,7 @@ from typing import Annotated, Any, Literal
 from pydantic import Field, ValidationError, model_validator
 
 from slogate_admission.schema import Model, Policy
+from slogate_admission.validation import validation_problems
 
 DnsLabel = Annotated[str, Field(pattern=r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")]
 DnsSubdomain = Annotated[
@@ -27,6 +28,9 @@ LabelValue = Annotated[str, Field(max_length=63, pattern=r"^(([A-Za-z0-9][-A-Za-
 Port = Annotated[int, Field(ge=1, le=65535)]
 Quantity = Annotated[int, Field(ge=0)] | Annotated[str, Field(pattern=r"^[0-9]+(\.[0-9]+)?(m|k|Ki|M|Mi|G|Gi|T|Ti)?$")]
 Ratio = Annotated[float, Field(gt=0, lt=1)]
+HeaderName = Annotated[str, Field(min_length=1, max_length=256, pattern=r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")]
+"""An HTTP field name (RFC 9110 token)."""
+Timeout = Annotated[float, Field(gt=0, le=3600)]
 
 
 class TargetRef(Model):
@@ -133,13 +137,21 @@ class SidecarSpec(Model):
     inject: bool = True
     """Patch the target Deployments' pod template with the sidecar (removed with the policy)."""
     port: Port = 8081
-    """Client port: the Service must target it instead of llama-server's."""
+    """Client port; it takes over the name of llama-server's port, which a Service targets."""
     admin_port: Port = 8082
     """Admin API and /metrics; the operator pushes thresholds here."""
     image: Annotated[str, Field(min_length=1, max_length=512)] | None = None
     """The slogate image; unset: the operator's default."""
     prompt_counting: Literal["tokenize", "estimate"] = "tokenize"
     """`slogate sidecar --prompt-counting` (docs/sidecar.md)."""
+    # The sidecar settings a policy may tune: unset, the sidecar's own default applies
+    # (stated once, in slogate_sidecar.settings.SidecarSettings; docs/sidecar.md).
+    class_header: HeaderName | None = None
+    """`slogate sidecar --class-header`: the header clients name their class in."""
+    client_read_timeout_seconds: Timeout | None = None
+    """`slogate sidecar --client-read-timeout`: how long a client may take to send its request."""
+    upstream_read_timeout_seconds: Timeout | None = None
+    """`slogate sidecar --upstream-read-timeout`: how long llama-server may stay silent."""
     resources: Resources | None = None
 
     @model_validator(mode="after")
@@ -147,6 +159,18 @@ class SidecarSpec(Model):
         if self.port == self.admin_port:
             raise ValueError(f"sidecar.port and sidecar.adminPort must differ, both are {self.port}")
         return self
+
+    def settings_flags(self) -> tuple[str, ...]:
+        """The `slogate sidecar` flags of the tunable settings this policy sets, in a fixed order."""
+        flags: list[str] = []
+        for flag, value in (
+            ("--class-header", self.class_header),
+            ("--client-read-timeout", self.client_read_timeout_seconds),
+            ("--upstream-read-timeout", self.upstream_read_timeout_seconds),
+        ):
+            if value is not None:
+                flags += [flag, value if isinstance(value, str) else repr(value)]
+        return tuple(flags)
 
 
 class AlertingSpec(Model):
@@ -225,9 +249,4 @@ def parse_spec(raw: Mapping[str, Any] | None) -> AdmissionPolicySpec:
 
 
 def _problems(invalid: ValidationError) -> list[str]:
-    found = []
-    for error in invalid.errors():
-        path = ".".join(str(part) for part in ("spec", *error["loc"]))
-        message = str(error["msg"]).removeprefix("Value error, ")
-        found.append(f"{path}: {message}")
-    return found
+    return validation_problems(invalid, prefix=("spec",))

@@ -14,6 +14,7 @@ from enum import StrEnum
 from typing import Any
 
 from slogate_admission.schema import CalibrationProfile, Thresholds
+from slogate_operator.timestamps import format_time
 
 
 class ConditionType(StrEnum):
@@ -69,7 +70,7 @@ def condition_dicts(
 ) -> list[dict[str, Any]]:
     """Conditions for the status; a condition keeps its lastTransitionTime unless it flipped."""
     before = {str(c.get("type")): c for c in previous}
-    stamp = now.strftime("%Y-%m-%dT%H:%M:%SZ")
+    stamp = format_time(now)
     result = []
     for condition in judged:
         text = "True" if condition.status else "False"
@@ -111,7 +112,7 @@ def calibration_summary(profile: CalibrationProfile, container_fingerprint: str,
         "fingerprint": profile.fingerprint,
         "containerFingerprint": container_fingerprint,
         "job": job,
-        "measuredAt": profile.measured_at.strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "measuredAt": format_time(profile.measured_at),
         "model": profile.model.name,
         "quantization": profile.model.quantization,
         "summary": f"{profile.model.name} {profile.model.quantization}",
@@ -129,10 +130,10 @@ def thresholds_summary(thresholds: Thresholds, configmap: str) -> dict[str, Any]
 
     ``defaultClassTtftSeconds`` and ``tokenBudget`` are the default class's, for the
     Default-TTFT and Token-Budget printer columns: the SLO and the budget derived from it."""
-    default = next(c for c in thresholds.classes if c.name == thresholds.default_class)
+    default = thresholds.default_class_thresholds
     return {
         "calibrationId": thresholds.calibration_id,
-        "derivedAt": thresholds.derived_at.strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "derivedAt": format_time(thresholds.derived_at),
         "configMap": configmap,
         "prefillTokensPerSecond": round(thresholds.prefill_tokens_per_second, 3),
         "concurrencyCap": thresholds.concurrency_cap,
@@ -151,6 +152,8 @@ def thresholds_summary(thresholds: Thresholds, configmap: str) -> dict[str, Any]
                 "ttftBudgetSeconds": c.ttft_budget_seconds,
                 "tokenBudget": int(c.token_budget),
                 "concurrencyCap": c.concurrency_cap,
+                "deferralWaitSeconds": round(c.deferral_wait_seconds, 3),
+                "lMax": c.l_max,
             }
             for c in thresholds.classes
         ],

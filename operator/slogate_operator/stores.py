@@ -70,7 +70,6 @@ def policy_digest(policy: Policy) -> str:
 class StoredCalibration:
     """What the thresholds ConfigMap holds."""
 
-    exists: bool
     profile: CalibrationProfile | None = None
     container_fingerprint: str | None = None
     job: str = ""
@@ -78,15 +77,11 @@ class StoredCalibration:
     thresholds: Thresholds | None = None
     policy_digest: str | None = None
 
-    @property
-    def measured_at(self) -> float | None:
-        return self.profile.measured_at.timestamp() if self.profile else None
-
 
 def read_stored(configmap: dict[str, Any] | None) -> StoredCalibration:
     """Parse the ConfigMap; an unreadable document counts as absent (and is logged)."""
     if configmap is None:
-        return StoredCalibration(exists=False)
+        return StoredCalibration()
     data = configmap.get("data") or {}
     notes = configmap["metadata"].get("annotations") or {}
     profile = thresholds = None
@@ -98,7 +93,6 @@ def read_stored(configmap: dict[str, Any] | None) -> StoredCalibration:
     except ValidationError as invalid:
         log.warning("ConfigMap %s holds an invalid document, ignored: %s", configmap["metadata"]["name"], invalid)
     return StoredCalibration(
-        exists=True,
         profile=profile,
         container_fingerprint=notes.get(names.ANNOTATION_CONTAINER_FINGERPRINT) if profile else None,
         job=notes.get(names.ANNOTATION_CALIBRATION_JOB, ""),
@@ -134,7 +128,7 @@ async def load_stored(client: KubeClient, policy: builders.PolicyRef) -> StoredC
         except AlreadyExistsError:
             configmap = await client.get(CONFIGMAPS, policy.namespace, name)
             return read_stored(configmap)
-        return StoredCalibration(exists=True)
+        return StoredCalibration()
     return read_stored(configmap)
 
 

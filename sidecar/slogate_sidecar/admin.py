@@ -20,6 +20,7 @@ from aiohttp import web
 from pydantic import ValidationError
 
 from slogate_admission.schema import Thresholds
+from slogate_admission.validation import validation_problems
 from slogate_sidecar import responses
 from slogate_sidecar.state import Sidecar
 
@@ -50,8 +51,12 @@ def authorized(sidecar: Sidecar, request: web.Request) -> bool:
 async def put_thresholds(sidecar: Sidecar, request: web.Request) -> web.Response:
     """Replace the thresholds atomically: 200, or 401 / 408 / 413 / 422 with nothing changed."""
     if not authorized(sidecar, request):
-        return responses.error(401, "missing or wrong bearer token", kind="authentication_error",
-                               headers={"WWW-Authenticate": 'Bearer realm="slogate"'})  # fmt: skip
+        return responses.error(
+            401,
+            "missing or wrong bearer token",
+            kind="authentication_error",
+            headers={"WWW-Authenticate": 'Bearer realm="slogate"'},
+        )
     raw = await _document(sidecar, request)
     if isinstance(raw, web.Response):
         return raw
@@ -59,9 +64,7 @@ async def put_thresholds(sidecar: Sidecar, request: web.Request) -> web.Response
         thresholds = Thresholds.model_validate_json(raw)
         apply(sidecar, thresholds)
     except ValidationError as invalid:
-        problems = "; ".join(
-            f"{'.'.join(str(p) for p in e['loc']) or '(body)'}: {e['msg']}" for e in invalid.errors()[:10]
-        )
+        problems = "; ".join(validation_problems(invalid, root="(body)", limit=10))
     except ValueError as inconsistent:  # valid fields the gate still cannot compile (nothing swapped)
         problems = str(inconsistent)
     else:
@@ -82,8 +85,12 @@ async def _document(sidecar: Sidecar, request: web.Request) -> bytes | web.Respo
         async with asyncio.timeout(sidecar.settings.client_read_timeout_s):  # a stalled push: 408
             return await request.read()
     except web.HTTPRequestEntityTooLarge:
-        return responses.error(413, f"thresholds document over {MAX_THRESHOLDS_BYTES} bytes",
-                               kind="invalid_request_error", code="body_too_large")  # fmt: skip
+        return responses.error(
+            413,
+            f"thresholds document over {MAX_THRESHOLDS_BYTES} bytes",
+            kind="invalid_request_error",
+            code="body_too_large",
+        )
     except TimeoutError:
         return responses.request_timeout()
     except responses.BODY_ERRORS as broken:
@@ -102,7 +109,7 @@ def state(sidecar: Sidecar) -> dict[str, Any]:
     t = sidecar.gate.thresholds
     ledger = sidecar.gate.ledger
     rates = sidecar.rates
-    summary = sidecar.ttft.summary()
+    summary = sidecar.ttft.tracker.summary()
     return {
         "ready": sidecar.gate.ready and sidecar.upstream_up,
         "upstreamUp": sidecar.upstream_up,
@@ -125,7 +132,7 @@ def state(sidecar: Sidecar) -> dict[str, Any]:
                 "ageSeconds": rates.decode_age_s(now),
             },
             "maxAgeSeconds": sidecar.settings.rate_max_age_s,
-            "ttftCorrectionFactor": sidecar.correction.factor,
+            "ttftCorrectionFactor": sidecar.ttft.correction.factor,
         },
         "ttftPrediction": {
             "samples": summary.samples,
@@ -135,9 +142,9 @@ def state(sidecar: Sidecar) -> dict[str, Any]:
             "sloMissed": summary.missed,
         },
         "promptCountError": {
-            "estimateP95": sidecar.prompt_error.estimate.quantile(0.95),
-            "countedP95": sidecar.prompt_error.counted.quantile(0.95),
-            "samples": len(sidecar.prompt_error.counted),
+            "estimateP95": sidecar.usage.prompt_error.estimate.quantile(0.95),
+            "countedP95": sidecar.usage.prompt_error.counted.quantile(0.95),
+            "samples": len(sidecar.usage.prompt_error.counted),
         },
     }
 

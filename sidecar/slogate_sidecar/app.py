@@ -24,13 +24,16 @@ from aiohttp.typedefs import Handler, Middleware
 from pydantic import ValidationError
 
 from slogate_admission.schema import Thresholds
-from slogate_calibration.prometheus_text import LlamaCounters, MetricsError
+from slogate_admission.validation import first_problem
+from slogate_llama.client import LlamaClient
+from slogate_llama.counters import MetricsError
+from slogate_llama.routes import Route
 from slogate_sidecar import admin, openapi, responses
 from slogate_sidecar.gate import Gate
+from slogate_sidecar.learners import MetricsLearner, TtftLearner, UsageLearner
 from slogate_sidecar.metrics import SidecarMetrics
 from slogate_sidecar.proxy import InferenceProxy, passthrough
 from slogate_sidecar.rates import RateEstimator
-from slogate_sidecar.requests import Route
 from slogate_sidecar.settings import SidecarSettings
 from slogate_sidecar.state import Sidecar
 
@@ -41,16 +44,23 @@ access_log = logging.getLogger("slogate.sidecar.access")
 def build_sidecar(settings: SidecarSettings) -> Sidecar:
     """The shared state, with boot thresholds loaded if the file is valid."""
     rates = RateEstimator()
-    sidecar = Sidecar(settings=settings, gate=Gate(), rates=rates, metrics=SidecarMetrics())
-    sidecar.gate.live_prefill_rate = sidecar.live_prefill_rate
+    metrics = SidecarMetrics()
+    gate = Gate(live_prefill_rate=lambda now: rates.prefill_tokens_per_s(now, settings.rate_max_age_s))
+    ttft, usage, recorded = TtftLearner(gate.machine), UsageLearner(), MetricsLearner(metrics)
+    gate.observers.append(recorded)
+    gate.learners.extend((ttft, usage, recorded))
+    sidecar = Sidecar(settings=settings, gate=gate, rates=rates, metrics=metrics, ttft=ttft, usage=usage)
     if settings.thresholds_file is not None:
         try:
             admin.apply(sidecar, Thresholds.model_validate_json(settings.thresholds_file.read_text()))
             log.info("thresholds loaded from %s", settings.thresholds_file)
         except (OSError, ValueError) as problem:  # ValidationError is a ValueError
             # Not ready rather than guessing: readiness keeps traffic away until a push.
-            log.error("thresholds file %s unusable, not ready until thresholds are pushed: %s",
-                      settings.thresholds_file, boot_problem(problem))  # fmt: skip
+            log.error(
+                "thresholds file %s unusable, not ready until thresholds are pushed: %s",
+                settings.thresholds_file,
+                boot_problem(problem),
+            )
     return sidecar
 
 
@@ -60,11 +70,7 @@ def boot_problem(problem: OSError | ValueError) -> str:
         return problem.strerror or str(problem)
     if not isinstance(problem, ValidationError):  # valid fields the gate cannot compile
         return str(problem)
-    first = problem.errors()[0]
-    where = ".".join(str(p) for p in first["loc"]) or "(document)"
-    others = problem.error_count() - 1
-    more = f" (and {others} more problem{'s' if others > 1 else ''})" if others else ""
-    return f"{where}: {first['msg']}{more}"
+    return first_problem(problem)
 
 
 ADMIN_PATHS = ("/slogate/", "/metrics")
@@ -90,12 +96,18 @@ def json_errors(admin_port: int | None = None) -> Middleware:
             elif refusal.status == 404:
                 message += " is not an endpoint of the slogate sidecar"
             kept = {k: v for k, v in refusal.headers.items() if k.lower() in ("allow", "retry-after")}
-            return responses.error(refusal.status, message, kind="invalid_request_error",
-                                   code=refusal.reason.lower().replace(" ", "_"), headers=kept)  # fmt: skip
+            return responses.error(
+                refusal.status,
+                message,
+                kind="invalid_request_error",
+                code=refusal.reason.lower().replace(" ", "_"),
+                headers=kept,
+            )
         except Exception:
             log.exception("unexpected error handling %s %s", request.method, request.path)
-            return responses.error(500, "internal error in the slogate sidecar (logged)", kind="server_error",
-                                   code="internal_error")  # fmt: skip
+            return responses.error(
+                500, "internal error in the slogate sidecar (logged)", kind="server_error", code="internal_error"
+            )
 
     return middleware
 
@@ -123,8 +135,15 @@ async def log_access(request: web.Request, handler: Handler) -> web.StreamRespon
     finally:
         if access_log.isEnabledFor(logging.INFO):
             klass, outcome = admission_of(response)
-            access_log.info("%s %s %d class=%s outcome=%s %.1fms", request.method, request.path, status, klass,
-                            outcome, (time.perf_counter() - started) * 1000)  # fmt: skip
+            access_log.info(
+                "%s %s %d class=%s outcome=%s %.1fms",
+                request.method,
+                request.path,
+                status,
+                klass,
+                outcome,
+                (time.perf_counter() - started) * 1000,
+            )
 
 
 def admission_of(response: web.StreamResponse | None) -> tuple[str, str]:
@@ -168,15 +187,15 @@ non-200 answer or this many slow polls in a row mean it is down."""
 async def poll_upstream(sidecar: Sidecar) -> None:
     """Track the upstream's health and its counters, forever (cancelled at shutdown)."""
     settings = sidecar.settings
+    llama = LlamaClient(settings.upstream, sidecar.client)
     timeout = aiohttp.ClientTimeout(total=max(settings.poll_interval_s, 1.0) * 2)
     slow = 0
     while True:
         try:
-            async with sidecar.client.get(settings.upstream + "/health", timeout=timeout) as health:
-                up = health.status == 200
-            async with sidecar.client.get(settings.upstream + "/metrics", timeout=timeout) as metrics:
-                if metrics.status == 200:
-                    sidecar.rates.observe(LlamaCounters.from_text(await metrics.text()), time.monotonic())
+            up = await llama.health_status(timeout) == 200
+            counters = await llama.scrape(timeout)
+            if counters is not None:  # None: no --metrics (501); health alone decides
+                sidecar.rates.observe(counters, time.monotonic())
             slow = 0
         except (TimeoutError, aiohttp.ServerTimeoutError):
             slow += 1
@@ -247,11 +266,18 @@ async def running(sidecar: Sidecar) -> AsyncIterator[tuple[int, int]]:
     # keepalive_timeout also closes a connection whose request line and headers have not
     # all arrived in that long (aiohttp arms it at connect): slowloris on the headers.
     runners = [
-        web.AppRunner(app, handler_cancellation=True, access_log=None, keepalive_timeout=settings.client_read_timeout_s,
-                      lingering_time=LINGER_S, max_line_size=MAX_LINE_BYTES, max_field_size=MAX_LINE_BYTES,
-                      max_headers=MAX_HEADERS)
+        web.AppRunner(
+            app,
+            handler_cancellation=True,
+            access_log=None,
+            keepalive_timeout=settings.client_read_timeout_s,
+            lingering_time=LINGER_S,
+            max_line_size=MAX_LINE_BYTES,
+            max_field_size=MAX_LINE_BYTES,
+            max_headers=MAX_HEADERS,
+        )
         for app in (proxy_app(sidecar), admin_app(sidecar))
-    ]  # fmt: skip
+    ]
     try:
         ports = []
         for runner, port in zip(runners, (settings.port, settings.admin_port), strict=True):
@@ -269,26 +295,16 @@ async def running(sidecar: Sidecar) -> AsyncIterator[tuple[int, int]]:
         await sidecar.session.close()
 
 
-@contextlib.asynccontextmanager
-async def gate_in_front_of(
-    upstream: str, thresholds: Thresholds, wait_up_s: float = 5.0
-) -> AsyncIterator[tuple[Sidecar, str]]:
-    """An in-process sidecar on a free loopback port with these thresholds, for tools
-    (demo, benchmarks): yields it and its base URL once it has seen the upstream up."""
-    sidecar = build_sidecar(SidecarSettings(upstream=upstream, port=0, admin_port=0))
-    admin.apply(sidecar, thresholds)
-    async with running(sidecar) as (port, _admin_port):
-        for _ in range(int(wait_up_s / 0.05)):
-            if sidecar.upstream_up:
-                break
-            await asyncio.sleep(0.05)
-        yield sidecar, f"http://127.0.0.1:{port}"
-
-
 async def serve_forever(settings: SidecarSettings) -> None:
     """Run until cancelled (SIGTERM/SIGINT in the CLI)."""
     sidecar = build_sidecar(settings)
     async with running(sidecar) as (port, admin_port):
-        log.info("slogate sidecar: proxy on %s:%d, admin on %s:%d, upstream %s",
-                 settings.host, port, settings.host, admin_port, settings.upstream)  # fmt: skip
+        log.info(
+            "slogate sidecar: proxy on %s:%d, admin on %s:%d, upstream %s",
+            settings.host,
+            port,
+            settings.host,
+            admin_port,
+            settings.upstream,
+        )
         await asyncio.Event().wait()

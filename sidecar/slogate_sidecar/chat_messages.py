@@ -92,8 +92,11 @@ def _content_chars(where: str, content: object) -> int:
         if not isinstance(kind, str):
             wrong_type(f"{at}.type", "a string", kind)
         if kind != "text":
-            invalid(f"{at}.type", f"'{at}.type' is {kind!r}: only text parts can be gated "
-                    "(their tokens cannot be counted)", code="slogate_text_only")  # fmt: skip
+            invalid(
+                f"{at}.type",
+                f"'{at}.type' is {kind!r}: only text parts can be gated (their tokens cannot be counted)",
+                code="slogate_text_only",
+            )
         text = part.get("text")
         if not isinstance(text, str):
             wrong_type(f"{at}.text", "a string", text)

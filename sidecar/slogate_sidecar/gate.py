@@ -1,26 +1,62 @@
-"""The gate: the core's O(1) decision applied to live accounting, with deferral.
+"""The gate on the event loop: the core's GateMachine, its results mapped onto futures and timers.
 
-Everything runs on one event loop, so the counters need no locks; every mutation
-is followed by a wake-up of the deferral queue, because only mutations (a first
-token, a finished request, new thresholds) can make room.
+Everything runs on one event loop, so the machine needs no locks. A deferred arrival
+gets a future; whatever resolves its waiter (a first token, a release, new thresholds:
+the machine's wake-ups) sets it; its deadline is an ``asyncio.timeout``. An admitted
+request gets a Lease, to which the proxy reports its outcomes. Nothing of the gate's
+bookkeeping is here: the simulator drives the same machine in virtual time.
 """
 
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
-from slogate_admission.decision import Decision, GateConfig, Outcome, Request, decide
+from slogate_admission.decision import Decision, GateConfig, Request
+from slogate_admission.deferral_queue import Waiter
+from slogate_admission.gate_machine import GateMachine, GateNotReady, RateSource, Resolution
+from slogate_admission.ledger import Ledger, Ticket
 from slogate_admission.schema import Thresholds
-from slogate_sidecar.deferral import DeferralQueue, Waiter
-from slogate_sidecar.ledger import Ledger, Ticket
+from slogate_sidecar.lease import Learner, Lease, Origin
+from slogate_sidecar.metrics import DeferralResult
+
+__all__ = ["Admission", "Gate", "GateNotReady", "GateObserver"]
 
 Clock = Callable[[], float]
-RateSource = Callable[[float], float | None]
-"""Given ``now``, the live prefill rate, or None when it is stale or unknown."""
+
+
+class Cancellable(Protocol):
+    """A scheduled call that can be called off (an asyncio.TimerHandle is one)."""
+
+    def cancel(self) -> None:
+        """Call it off; a no-op once it ran."""
+
+
+Schedule = Callable[[float, Callable[[], None]], Cancellable]
+"""``schedule(at, callback)``: call ``callback`` once ``clock()`` reaches ``at``; returns a
+handle whose ``cancel()`` calls it off. Injected so a test can run deadlines on its own clock."""
+
+
+def _on_the_loop(clock: Clock) -> Schedule:
+    """Deadlines as event-loop timers: ``at`` on ``clock`` is so many seconds from now."""
+
+    def schedule(at: float, callback: Callable[[], None]) -> Cancellable:
+        return asyncio.get_running_loop().call_later(max(at - clock(), 0.0), callback)
+
+    return schedule
+
+
+class GateObserver(Protocol):
+    """Hears the gate's own events (the metrics)."""
+
+    def decided(self, decision: Decision, seconds: float) -> None:
+        """An arrival's first decision and its compute time, even if its client then leaves."""
+
+    def deferral_ended(self, first: Decision, final: Decision, result: DeferralResult) -> None:
+        """A deferred request was admitted, refused when its wait ended, or left."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,127 +65,139 @@ class Admission:
 
     first: Decision
     final: Decision
-    ticket: Ticket | None
-    """Held until the request ends; None when rejected."""
-    decide_seconds: float
-    """Time the arrival's (first) decision took."""
+    lease: Lease | None
+    """Admitted: report its outcomes to it. None when rejected."""
 
-
-class GateNotReady(RuntimeError):  # noqa: N818 - a state, named as one
-    """No thresholds are loaded: the gate cannot decide."""
+    @property
+    def ticket(self) -> Ticket | None:
+        """The admitted request's claims on the server."""
+        return self.lease.ticket if self.lease is not None else None
 
 
 class Gate:
-    """Decides, books and defers. One per sidecar."""
+    """The sidecar's gate: decides, books and defers through one GateMachine."""
 
-    def __init__(self, clock: Clock = time.monotonic, live_prefill_rate: RateSource | None = None) -> None:
+    def __init__(
+        self,
+        clock: Clock = time.monotonic,
+        live_prefill_rate: RateSource | None = None,
+        observers: Sequence[GateObserver] = (),
+        learners: Sequence[Learner] = (),
+        schedule: Schedule | None = None,
+    ) -> None:
         self.clock = clock
-        self.live_prefill_rate: RateSource = live_prefill_rate or (lambda _now: None)
-        self.ledger = Ledger()
-        self.thresholds: Thresholds | None = None
-        self._config: GateConfig | None = None
-        self._ranks: dict[str, int] = {}
-        self._waiters = DeferralQueue()
+        self.schedule: Schedule = schedule or _on_the_loop(clock)
+        """Runs a callback at a time on ``clock``: the deferral deadlines."""
+        self.machine = GateMachine(live_prefill_rate)
+        self.observers = list(observers)
+        self.learners = list(learners)
+        """Hear every lease's outcomes."""
+        self._pending: dict[Waiter, asyncio.Future[Resolution]] = {}
 
     @property
     def ready(self) -> bool:
         """Thresholds are loaded."""
-        return self._config is not None
-
-    def load(self, thresholds: Thresholds) -> None:
-        """Swap in new thresholds atomically (one assignment); waiters are re-judged."""
-        self._config = GateConfig.from_thresholds(thresholds)
-        self._ranks = {c.name: rank for rank, c in enumerate(thresholds.classes)}
-        self.thresholds = thresholds
-        self._wake()
+        return self.machine.ready
 
     @property
     def config(self) -> GateConfig:
         """The compiled thresholds; raises GateNotReady before the first load."""
-        if self._config is None:
-            raise GateNotReady("no thresholds loaded")
-        return self._config
+        return self.machine.config
+
+    @property
+    def thresholds(self) -> Thresholds | None:
+        """The thresholds in force."""
+        return self.machine.thresholds
+
+    @property
+    def ledger(self) -> Ledger:
+        """The live accounting."""
+        return self.machine.ledger
+
+    def load(self, thresholds: Thresholds) -> None:
+        """Swap in new thresholds atomically; waiters are judged again."""
+        self._settle(self.machine.load(thresholds, self.clock()))
 
     def decide(self, request: Request) -> Decision:
-        """The core's decision on the live state, now."""
-        now = self.clock()
-        state = self.ledger.snapshot(now, self.live_prefill_rate(now))
-        return decide(self.config, request, state, now)
+        """The core's decision on the live state, now (booking nothing)."""
+        return self.machine.decide(request, self.clock())
 
-    async def acquire(self, request: Request, on_first: Callable[[Decision, float], None] | None = None) -> Admission:
-        """Admit (a Ticket), defer then admit or reject, or reject at once.
+    async def acquire(self, request: Request, origin: Origin, arrived_at: float | None = None) -> Admission:
+        """Admit (a Lease), defer then admit or reject, or reject at once.
 
-        ``on_first`` sees the arrival's decision and its compute time before any
-        deferral, so it is counted even if the client leaves while deferred. A request
-        whose client leaves while deferred is removed from the queue, and a Ticket
-        granted in that same instant is released (CancelledError propagates).
+        The observers hear the arrival's decision before any deferral, so it is counted
+        even if the client leaves while deferred. A request whose client leaves while
+        deferred is removed from the queue, and a Ticket granted in that same instant is
+        released (CancelledError propagates). ``arrived_at``: when the request reached
+        the proxy (TTFT runs from there); default now.
         """
+        arrived = self.clock() if arrived_at is None else arrived_at
         started = time.perf_counter()
-        first = self.decide(request)
+        verdict = self.machine.arrive(request, self.clock())
         seconds = time.perf_counter() - started
-        if on_first is not None:
-            on_first(first, seconds)
-        if first.outcome is Outcome.ADMIT:
-            return Admission(first, first, self._admit(first, request), seconds)
-        if first.outcome is Outcome.REJECT:
-            return Admission(first, first, None, seconds)
-        final, ticket = await self._defer(first, request)
-        return Admission(first, final, ticket, seconds)
-
-    async def _defer(self, decision: Decision, request: Request) -> tuple[Decision, Ticket | None]:
-        rank = self._ranks.get(decision.class_name, len(self._ranks))
-        waiter = Waiter(rank=rank, request=request, arrived_at=self.clock())
-        self._waiters.push(waiter)
-        self.ledger.deferred += 1
+        first = verdict.decision
+        for observer in self.observers:
+            observer.decided(first, seconds)
+        if verdict.waiter is None:
+            return Admission(first, first, self._lease(verdict.ticket, first, origin, arrived))
         try:
-            async with asyncio.timeout(decision.max_wait_s):
-                return await asyncio.shield(waiter.outcome)
-        except TimeoutError:
-            if waiter.outcome.done():  # admitted in the same instant the wait ran out
-                return waiter.outcome.result()
-            final = self._decide_waited(waiter)
-            return final._replace(outcome=Outcome.REJECT), None
+            resolution = await self._wait(verdict.waiter)
+        except asyncio.CancelledError:
+            self._deferral_ended(first, first, "cancelled")
+            raise
+        final = resolution.decision
+        self._deferral_ended(first, final, "admitted" if resolution.ticket is not None else "timed_out")
+        return Admission(first, final, self._lease(resolution.ticket, final, origin, arrived))
+
+    def _lease(self, ticket: Ticket | None, decision: Decision, origin: Origin, arrived: float) -> Lease | None:
+        if ticket is None:
+            return None
+        slo = self.config.limits_for(decision.class_name).ttft_slo_s
+        return Lease(ticket, decision, slo, origin, arrived, self.clock, self.learners, self.first_token, self.release)
+
+    def _deferral_ended(self, first: Decision, final: Decision, result: DeferralResult) -> None:
+        for observer in self.observers:
+            observer.deferral_ended(first, final, result)
+
+    async def _wait(self, waiter: Waiter) -> Resolution:
+        """Until a wake-up resolves the waiter or its deadline does (``expire``)."""
+        future: asyncio.Future[Resolution] = asyncio.get_running_loop().create_future()
+        self._pending[waiter] = future
+        deadline = self.schedule(waiter.deadline, lambda: self._expire(waiter))
+        try:
+            return await asyncio.shield(future)
         except asyncio.CancelledError:
             # The client left. A ticket granted in that same instant must not leak.
-            if waiter.outcome.done():
-                _, ticket = waiter.outcome.result()
-                if ticket is not None:
-                    self.release(ticket)
+            if future.done() and not future.cancelled():
+                granted = future.result().ticket
+                if granted is not None:
+                    self.release(granted)
+            else:
+                self.machine.cancel(waiter)
             raise
         finally:
-            self._waiters.remove(waiter)
-            self.ledger.deferred -= 1
-            if not waiter.outcome.done():
-                waiter.outcome.cancel()
+            deadline.cancel()
+            self._pending.pop(waiter, None)
 
-    def _decide_waited(self, waiter: Waiter) -> Decision:
-        waited = self.clock() - waiter.arrived_at
-        return self.decide(dataclasses.replace(waiter.request, waited_s=waited))
-
-    def _admit(self, decision: Decision, request: Request) -> Ticket:
-        decode_s = decision.output_tokens * self.config.decode.seconds_per_token(decision.streams_after)
-        return self.ledger.admit(decision, request.prompt_tokens, self.clock(), decode_s)
+    def _expire(self, waiter: Waiter) -> None:
+        """The waiter's deadline: judged a last time (admitted if it fits by now, else refused)."""
+        expired = self.machine.expire(waiter, self.clock())
+        if expired is not None:
+            self._settle([expired])
 
     def first_token(self, ticket: Ticket) -> None:
         """The request's first token arrived: its prompt left the prefill queue."""
-        if self.ledger.first_token(ticket):
-            self._wake()
+        self._settle(self.machine.first_token(ticket, self.clock()))
 
     def release(self, ticket: Ticket) -> None:
         """The request ended (any way): return its slot and KV."""
-        if self.ledger.release(ticket):
-            self._wake()
+        self._settle(self.machine.release(ticket, self.clock()))
 
-    def _wake(self) -> None:
-        """Re-judge waiters in priority order; stop at the first that must still wait."""
-        if self._config is None:
-            return
-        for waiter in self._waiters.in_priority_order():
-            if waiter.outcome.done():
-                continue
-            decision = self._decide_waited(waiter)
-            if decision.outcome is Outcome.DEFER:
-                return
-            self._waiters.remove(waiter)
-            ticket = self._admit(decision, waiter.request) if decision.outcome is Outcome.ADMIT else None
-            waiter.outcome.set_result((decision, ticket))
+    def _settle(self, resolutions: list[Resolution]) -> None:
+        """Hand each resolved waiter its result; one nobody awaits any more gives its ticket back."""
+        for resolution in resolutions:
+            future = self._pending.get(resolution.waiter)
+            if future is not None and not future.done():
+                future.set_result(resolution)
+            elif resolution.ticket is not None:
+                self.release(resolution.ticket)

@@ -10,11 +10,12 @@ of both and why tokenize is the default.
 from __future__ import annotations
 
 import math
-from typing import Any
 
 import aiohttp
 
-from slogate_sidecar.requests import ParsedRequest, Route
+from slogate_llama.client import LlamaClient
+from slogate_llama.routes import Route
+from slogate_sidecar.requests import ParsedRequest
 
 CHAT_TOKENS_PER_MESSAGE = 5
 """Estimate mode: role markers and separators the chat template adds per message
@@ -38,7 +39,7 @@ COUNT_TIMEOUT = aiohttp.ClientTimeout(total=None, sock_connect=2.0, sock_read=60
 async def count_prompt_tokens(
     session: aiohttp.ClientSession, upstream: str, parsed: ParsedRequest, timeout: aiohttp.ClientTimeout = COUNT_TIMEOUT
 ) -> int:
-    """Exact n_in from llama-server's own template and tokenizer.
+    """Exact n_in from llama-server's own template and tokenizer (``LlamaClient.count_tokens``).
 
     Raises aiohttp.ClientResponseError when llama-server refuses (4xx: the prompt) or
     fails, and the ``timeout``'s errors when it is silent: a stalled server must not
@@ -46,24 +47,12 @@ async def count_prompt_tokens(
     """
     if parsed.prompt_token_count is not None:
         return parsed.prompt_token_count
+    llama = LlamaClient(upstream, session)
     if parsed.route is Route.CHAT:
-        templated = await _post_json(session, upstream + "/apply-template", {"messages": parsed.messages}, timeout)
-        text: Any = templated["prompt"]
-        return await _tokenize(session, upstream, text, timeout)
+        return await llama.count_tokens(await llama.apply_template(parsed.messages, timeout), timeout)
     prompt = parsed.body["prompt"]
     pieces = prompt if isinstance(prompt, list) else [prompt]
     total = 0
     for piece in pieces:
-        total += await _tokenize(session, upstream, piece, timeout)
+        total += await llama.count_tokens(piece, timeout)
     return total
-
-
-async def _tokenize(session: aiohttp.ClientSession, upstream: str, text: str, timeout: aiohttp.ClientTimeout) -> int:
-    answer = await _post_json(session, upstream + "/tokenize", {"content": text, "add_special": True}, timeout)
-    return len(answer["tokens"])
-
-
-async def _post_json(session: aiohttp.ClientSession, url: str, body: object, timeout: aiohttp.ClientTimeout) -> Any:
-    async with session.post(url, json=body, timeout=timeout) as response:
-        response.raise_for_status()
-        return await response.json(content_type=None)

@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,18 +20,12 @@ from aiohttp import web
 
 from slogate_admission.decision import Decision, Outcome, Request
 from slogate_admission.output_tokens import OutputTokenEstimate, estimate_output_tokens
+from slogate_llama.routes import Route, as_upstream_stream
+from slogate_llama.stream import Reassembler, carries_token, event, event_data, may_be_final, usage_of
 from slogate_sidecar import responses
-from slogate_sidecar.ledger import Ticket
+from slogate_sidecar.lease import Lease, Origin, Usage
 from slogate_sidecar.prompt_tokens import count_prompt_tokens, estimate_prompt_tokens
-from slogate_sidecar.reassembly import Reassembler, carries_token, usage_of
-from slogate_sidecar.requests import (
-    BadRequest,
-    ParsedRequest,
-    Route,
-    as_upstream_stream,
-    parse_request,
-    with_output_limit,
-)
+from slogate_sidecar.requests import BadRequest, ParsedRequest, parse_request, with_output_limit
 from slogate_sidecar.settings import PromptCounting
 from slogate_sidecar.state import Sidecar
 
@@ -50,11 +43,14 @@ class Exchange:
 
     route: Route
     parsed: ParsedRequest
-    decision: Decision
-    ticket: Ticket
-    arrived: float
-    first_token_at: float | None = None
+    lease: Lease
     final_chunk: dict[str, Any] | None = None
+    """llama-server's last chunk (usage, timings), once it came."""
+
+    @property
+    def decision(self) -> Decision:
+        """The admitting decision."""
+        return self.lease.decision
 
 
 class InferenceProxy:
@@ -81,17 +77,21 @@ class InferenceProxy:
             async with asyncio.timeout(settings.client_read_timeout_s):
                 raw = await request.read()
             parsed = parse_request(
-                route, raw,
-                max_body_bytes=settings.max_body_bytes, max_output_tokens=settings.max_output_tokens,
-            )  # fmt: skip
+                route,
+                raw,
+                max_body_bytes=settings.max_body_bytes,
+                max_output_tokens=settings.max_output_tokens,
+            )
             return self._one_generation(parsed)
         except TimeoutError:
             return responses.request_timeout()
         except web.HTTPRequestEntityTooLarge:
             return responses.error(
-                413, f"request body over {settings.max_body_bytes} bytes", kind="invalid_request_error",
+                413,
+                f"request body over {settings.max_body_bytes} bytes",
+                kind="invalid_request_error",
                 code="body_too_large",
-            )  # fmt: skip
+            )
         except BadRequest as bad:
             return web.json_response(bad.body(), status=bad.status)
         except responses.BODY_ERRORS as broken:  # a malformed chunked or compressed body
@@ -107,10 +107,12 @@ class InferenceProxy:
         if parsed.prompt_count == 1 and not several:
             return parsed
         return responses.error(
-            400, "slogate gates one generation per request: send one prompt, with n (and n_cmpl) = 1",
-            kind="invalid_request_error", code="slogate_one_generation_per_request",
+            400,
+            "slogate gates one generation per request: send one prompt, with n (and n_cmpl) = 1",
+            kind="invalid_request_error",
+            code="slogate_one_generation_per_request",
             param="prompt" if parsed.prompt_count > 1 else several[0],
-        )  # fmt: skip
+        )
 
     def _output_tokens(self, parsed: ParsedRequest) -> int:
         """n_out per policy: max_tokens, the route's learned quantile, or the default; at least 1,
@@ -119,7 +121,7 @@ class InferenceProxy:
         assert thresholds is not None  # the gate is ready
         policy = thresholds.output_tokens
         learned = (
-            self.sc.output_tokens[parsed.route].quantile(policy.quantile)
+            self.sc.usage.output_tokens[parsed.route].quantile(policy.quantile)
             if policy.estimate is OutputTokenEstimate.ROUTE_QUANTILE
             else None
         )
@@ -133,7 +135,7 @@ class InferenceProxy:
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
         """Decide on one arrival, then serve or refuse it."""
-        arrived = time.monotonic()
+        arrived = self.sc.gate.clock()  # the clock the gate decides with
         sc = self.sc
         if not sc.gate.ready:
             return responses.not_ready("no thresholds loaded: the gate cannot decide")
@@ -166,8 +168,12 @@ class InferenceProxy:
             return await count_prompt_tokens(sc.client, sc.settings.upstream, parsed, self._timeout())
         except aiohttp.ClientResponseError as refused:
             if 400 <= refused.status < 500:  # llama-server refused this prompt: the client's problem
-                return responses.error(400, f"llama-server cannot tokenize this prompt: {refused.message}",
-                                       kind="invalid_request_error", code="invalid_prompt")  # fmt: skip
+                return responses.error(
+                    400,
+                    f"llama-server cannot tokenize this prompt: {refused.message}",
+                    kind="invalid_request_error",
+                    code="invalid_prompt",
+                )
             return self._upstream_failure(refused, started=False)
         except (aiohttp.ClientError, TimeoutError, KeyError, ValueError) as failure:
             return self._upstream_failure(failure, started=False)
@@ -180,32 +186,18 @@ class InferenceProxy:
         arrived: float,
         estimated_n_in: int,
     ) -> web.StreamResponse:
-        sc = self.sc
-        firsts: list[Decision] = []
-
-        def count_arrival(first: Decision, seconds: float) -> None:
-            firsts.append(first)
-            sc.metrics.record_decision(first, seconds)
-
-        try:
-            admission = await sc.gate.acquire(req, on_first=count_arrival)
-        except asyncio.CancelledError:
-            # The client left while deferred; label with the resolved class, never the raw header.
-            sc.metrics.record_deferral("cancelled", firsts[0].class_name)
-            raise
-        decision, ticket = admission.final, admission.ticket
-        if admission.first.outcome is Outcome.DEFER:
-            sc.metrics.record_deferral("admitted" if ticket else "timed_out", decision.class_name)
-        if ticket is None:
-            if admission.first.outcome is Outcome.DEFER and decision.retry_after_s is not None:
-                sc.metrics.retry_after.observe(decision.retry_after_s)
-            return responses.rejection(decision)
-        exchange = Exchange(parsed.route, parsed, decision, ticket, arrived)
+        origin = Origin(parsed.route, estimated_n_in, req.prompt_tokens, parsed.prompt_token_count is not None)
+        admission = await self.sc.gate.acquire(req, origin, arrived)
+        if admission.lease is None:
+            return responses.rejection(admission.final)
+        exchange = Exchange(parsed.route, parsed, admission.lease)
         try:
             return await self._forward(request, exchange)
         finally:
-            sc.gate.release(ticket)
-            self._learn(exchange, estimated_n_in, req.prompt_tokens)
+            if exchange.final_chunk is not None:
+                exchange.lease.complete(Usage(*usage_of(exchange.route, exchange.final_chunk)))
+            else:
+                exchange.lease.abandon()
 
     async def _forward(self, request: web.Request, ex: Exchange) -> web.StreamResponse:
         sc = self.sc
@@ -215,8 +207,9 @@ class InferenceProxy:
             headers["X-Slogate-Degraded"] = f"max_tokens={ex.decision.output_tokens}"
         response: web.StreamResponse | None = None
         try:
-            async with sc.client.post(sc.settings.upstream + ex.route.value, json=body,
-                                      timeout=self._timeout()) as upstream:  # fmt: skip
+            async with sc.client.post(
+                sc.settings.upstream + ex.route.value, json=body, timeout=self._timeout()
+            ) as upstream:
                 if upstream.status >= 400:
                     payload = await upstream.read()
                     status = upstream.status if upstream.status < 500 else 502
@@ -252,14 +245,14 @@ class InferenceProxy:
                 return self._upstream_failure(failure, started=False)
             # Headers are gone: end the stream with an error event the client can parse.
             self._upstream_failure(failure, started=True)
-            event = {
+            error = {
                 "error": {
                     "message": f"upstream failed mid-stream: {failure!r}",
                     "type": "server_error",
                 }
             }
             try:
-                await response.write(b"data: " + json.dumps(event).encode() + b"\n\n")
+                await response.write(event(error))
                 await response.write_eof()
             except (ConnectionResetError, aiohttp.ClientConnectionResetError):
                 pass
@@ -271,20 +264,20 @@ class InferenceProxy:
 
     def _observe(self, ex: Exchange, line: bytes, *, parse_all: bool) -> dict[str, Any] | None:
         """Parse an SSE line when needed: until the first token, at the end, or always."""
-        if not line.startswith(b"data: ") or line.startswith(b"data: [DONE]"):
+        data = event_data(line)
+        if data is None:
             return None
-        final = b'"usage"' in line or b'"stop":true' in line
-        if not (parse_all or final or ex.first_token_at is None):
+        final = may_be_final(line)
+        if not (parse_all or final or ex.lease.ttft_s is None):
             return None
         try:
-            chunk: dict[str, Any] = json.loads(line[6:])
+            chunk: dict[str, Any] = json.loads(data)
         except ValueError:  # not JSON: relayed as it is, but it tells the gate nothing
             return None
         if not isinstance(chunk, dict):
             return None
-        if ex.first_token_at is None and carries_token(ex.route, chunk):
-            ex.first_token_at = time.monotonic()
-            self.sc.gate.first_token(ex.ticket)
+        if ex.lease.ttft_s is None and carries_token(ex.route, chunk):
+            ex.lease.first_token()
         if final:
             ex.final_chunk = chunk
         return chunk
@@ -328,24 +321,6 @@ class InferenceProxy:
             code="upstream_error",
         )
 
-    def _learn(self, ex: Exchange, estimated_n_in: int, counted_n_in: int) -> None:
-        """After the request: TTFT truth vs prediction, n_out for the route, n_in error."""
-        sc = self.sc
-        limits_slo = sc.gate.config.limits_for(ex.decision.class_name).ttft_slo_s
-        if ex.first_token_at is not None:
-            actual = ex.first_token_at - ex.arrived
-            sc.ttft.record(ex.decision.predicted_ttft_s, actual, limits_slo)
-            sc.correction.observe(ex.decision.predicted_ttft_s, actual)
-            sc.metrics.record_ttft(ex.decision.class_name, ex.decision.predicted_ttft_s, actual, limits_slo)
-        if ex.final_chunk is None:
-            return
-        prompt_tokens, completion_tokens = usage_of(ex.route, ex.final_chunk)
-        if completion_tokens is not None:
-            sc.output_tokens[ex.route].observe(completion_tokens)
-        if prompt_tokens and ex.parsed.prompt_token_count is None:
-            sc.prompt_error.estimate.observe((estimated_n_in - prompt_tokens) / prompt_tokens)
-            sc.prompt_error.counted.observe((counted_n_in - prompt_tokens) / prompt_tokens)
-
 
 def upstream_timeout(sidecar: Sidecar) -> aiohttp.ClientTimeout:
     """Connect within the connect timeout; then any silence past the read timeout fails (504)."""
@@ -369,16 +344,22 @@ async def passthrough(sidecar: Sidecar, request: web.Request) -> web.StreamRespo
     except TimeoutError:
         return responses.request_timeout()
     except web.HTTPRequestEntityTooLarge:
-        return responses.error(413, f"request body over {sidecar.settings.max_body_bytes} bytes",
-                               kind="invalid_request_error", code="body_too_large")  # fmt: skip
+        return responses.error(
+            413,
+            f"request body over {sidecar.settings.max_body_bytes} bytes",
+            kind="invalid_request_error",
+            code="body_too_large",
+        )
     except responses.BODY_ERRORS as broken:
         return responses.unreadable_body(broken)
     try:
         async with sidecar.client.request(
-            request.method, sidecar.settings.upstream + request.path_qs, data=data,
+            request.method,
+            sidecar.settings.upstream + request.path_qs,
+            data=data,
             headers={k: v for k, v in request.headers.items() if k.lower() in ("content-type", "accept")},
             timeout=upstream_timeout(sidecar),
-        ) as upstream:  # fmt: skip
+        ) as upstream:
             payload = await upstream.read()
             return web.Response(body=payload, status=upstream.status, content_type=upstream.content_type)
     except (TimeoutError, aiohttp.ServerTimeoutError):

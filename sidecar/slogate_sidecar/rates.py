@@ -26,7 +26,7 @@ import statistics
 from collections import deque
 from dataclasses import dataclass
 
-from slogate_calibration.prometheus_text import LlamaCounters
+from slogate_llama.counters import LlamaCounters
 
 __all__ = ["RateEstimator", "RateSettings", "TtftErrorSummary", "TtftErrorTracker"]
 

@@ -6,11 +6,11 @@ and must never be crashed or fooled by one, so every input either parses into a
 
 Facts about this llama-server build that shape the rules (checked against the binary):
 
-* ``n_predict`` is honoured on every route and wins over ``max_completion_tokens``
-  (chat), which wins over ``max_tokens``; ``n_predict: -1`` means unlimited even next
-  to a ``max_tokens``. So all of them are validated and the effective one is reported,
-  else a client could slip an unlimited ``n_predict`` past a ``max_tokens`` the gate
-  reserved KV for. ``with_output_limit`` removes all of them and sets one.
+* every output-limit field a route honours (``slogate_llama.routes.OUTPUT_LIMIT_FIELDS``:
+  ``n_predict`` first, and ``-1`` is unlimited even next to a ``max_tokens``) is
+  validated and the effective one is reported, else a client could slip an unlimited
+  ``n_predict`` past a ``max_tokens`` the gate reserved KV for. ``with_output_limit``
+  removes all of them and sets one.
 * llama-server itself accepts ``max_tokens: 12.5`` and ``max_tokens: true``; the gate
   does not: a fraction or a bool is not a token count. ``12.0`` is 12, as in JSON (and
   JSON Schema): every integral number is read as that integer.
@@ -29,14 +29,13 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass
-from enum import StrEnum
 from typing import Any, NoReturn
 
+from slogate_llama.routes import OUTPUT_LIMIT_FIELDS, Route
 from slogate_sidecar.bad_request import BadRequest, invalid, json_type, missing, wrong_type
 from slogate_sidecar.chat_messages import chat_prompt
 
-__all__ = ["MAX_JSON_DEPTH", "BadRequest", "ParsedRequest", "Route", "as_upstream_stream", "parse_request",
-           "with_output_limit"]  # fmt: skip
+__all__ = ["MAX_JSON_DEPTH", "BadRequest", "ParsedRequest", "parse_request", "with_output_limit"]
 
 MAX_JSON_DEPTH = 64
 """Deeper bodies are refused: later serialisation must not hit the recursion limit."""
@@ -48,21 +47,7 @@ MAX_JSON_INTEGER = 2**63 - 1
 (double) number they are, as JSON has it, and refused only if no double holds them."""
 
 
-class Route(StrEnum):
-    """The generation endpoints the gate sits in front of."""
-
-    CHAT = "/v1/chat/completions"
-    COMPLETIONS = "/v1/completions"
-    NATIVE = "/completion"
-
-
-# Output-limit fields each route's upstream honours, highest precedence first.
-_LIMIT_FIELDS: dict[Route, tuple[str, ...]] = {
-    Route.CHAT: ("n_predict", "max_completion_tokens", "max_tokens"),
-    Route.COMPLETIONS: ("n_predict", "max_tokens"),
-    Route.NATIVE: ("n_predict", "max_tokens"),
-}
-_ALL_LIMIT_FIELDS = ("n_predict", "max_completion_tokens", "max_tokens")
+_ALL_LIMIT_FIELDS = frozenset(field for fields in OUTPUT_LIMIT_FIELDS.values() for field in fields)
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,21 +125,6 @@ def with_output_limit(parsed: ParsedRequest, n: int) -> dict[str, Any]:
         raise ValueError(f"the output limit must be an integer >= 1, got {n!r}")
     out = {k: v for k, v in parsed.body.items() if k not in _ALL_LIMIT_FIELDS}
     out["n_predict" if parsed.route is Route.NATIVE else "max_tokens"] = n
-    return out
-
-
-def as_upstream_stream(body: dict[str, Any], route: Route) -> dict[str, Any]:
-    """A copy that streams, with usage in the final chunk on the OpenAI routes.
-
-    The sidecar always streams from llama-server so it sees the first token exactly.
-    """
-    out = {**body, "stream": True}
-    if route is not Route.NATIVE:
-        options = body.get("stream_options")
-        out["stream_options"] = {
-            **(options if isinstance(options, dict) else {}),
-            "include_usage": True,
-        }
     return out
 
 
@@ -240,7 +210,7 @@ def _output_limit(route: Route, body: dict[str, Any], ceiling: int) -> int | Non
     """Validate every limit field present; return the one the upstream would apply."""
     effective: int | None = None
     found = False
-    for field in _LIMIT_FIELDS[route]:
+    for field in OUTPUT_LIMIT_FIELDS[route]:
         value = body.get(field)
         if value is None:
             continue

@@ -12,8 +12,16 @@ from aiohttp.web_protocol import RequestPayloadError
 from slogate_admission.decision import Decision
 
 
-def error(status: int, message: str, *, kind: str, code: str | None = None, param: str | None = None,
-          headers: dict[str, str] | None = None, extra: dict[str, Any] | None = None) -> web.Response:  # fmt: skip
+def error(
+    status: int,
+    message: str,
+    *,
+    kind: str,
+    code: str | None = None,
+    param: str | None = None,
+    headers: dict[str, str] | None = None,
+    extra: dict[str, Any] | None = None,
+) -> web.Response:
     """An OpenAI-style error body: {"error": {"message", "type", "param", "code"}}."""
     body: dict[str, Any] = {"error": {"message": message, "type": kind, "param": param, "code": code}}
     if extra:
@@ -29,8 +37,9 @@ chunking, a Content-Encoding it does not have): the client's fault, a 400."""
 def unreadable_body(problem: Exception) -> web.Response:
     """400 for a body that cannot be read as it claims to be encoded."""
     reason = getattr(problem, "message", None) or str(problem)
-    return error(400, f"request body unreadable: {str(reason).strip()}", kind="invalid_request_error",
-                 code="invalid_body")  # fmt: skip
+    return error(
+        400, f"request body unreadable: {str(reason).strip()}", kind="invalid_request_error", code="invalid_body"
+    )
 
 
 def request_timeout() -> web.Response:
@@ -68,15 +77,19 @@ def rejection(decision: Decision) -> web.Response:
         return error(
             400,
             f"request can never be served within its limits ({reasons}): shorten the prompt or max_tokens",
-            kind="invalid_request_error", code="slogate_request_too_large", extra=details,
-        )  # fmt: skip
+            kind="invalid_request_error",
+            code="slogate_request_too_large",
+            extra=details,
+        )
     retry = decision.retry_after_s or 0.0
     return error(
         429,
         f"server at capacity ({reasons}); retry after {retry_after_header(retry)} s",
-        kind="rate_limit_error", code="slogate_rejected", extra=details,
+        kind="rate_limit_error",
+        code="slogate_rejected",
+        extra=details,
         headers={"Retry-After": retry_after_header(retry)},
-    )  # fmt: skip
+    )
 
 
 def not_ready(reason: str) -> web.Response:

@@ -44,12 +44,14 @@ class SidecarSettings:
     max_output_tokens: int = 1 << 20
     """max_tokens beyond this is absurd: 400 (KV limits are the gate's business)."""
     upstream_connect_timeout_s: float = 2.0
-    """No connection in this long: the upstream is down (503)."""
+    """No connection in this long: 504, as for a read timeout (a refused connection is a 503
+    at once: the upstream is down)."""
     upstream_read_timeout_s: float = 60.0
     """No byte from the upstream for this long: 504 (or the stream is cut)."""
     client_read_timeout_s: float = 30.0
     """A client that has not sent its whole request in this long is dropped (slowloris):
-    headers not complete, the connection is closed; body not complete, 408. Both ports."""
+    headers not complete, the connection is closed; body not complete, 408. Both ports. Also
+    how long an idle keep-alive connection stays open."""
     poll_interval_s: float = 1.0
     """How often the upstream's /health and /metrics counters are read."""
     rate_max_age_s: float = 30.0

@@ -9,12 +9,15 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import aiohttp
 
-from slogate_bench.baselines import CountCapProxy, RateLimitProxy, serving, spawned_baseline
+from slogate_bench.baselines import CountCapProxy, RateLimitProxy, serving
+from slogate_bench.limits import CountCap, RateLimit
 from slogate_bench.load import Run, run_arrivals
+from slogate_bench.process_fronts import CountCapFront
 from slogate_bench.workloads import Arrival
 from slogate_calibration.runtime import LlamaServer
 
@@ -61,7 +64,7 @@ def served(run: Run) -> None:
 
 
 async def test_count_cap_serves_concurrency_plus_queue_and_refuses_the_rest(llama_server: LlamaServer) -> None:
-    proxy = CountCapProxy(max_concurrency=4, max_queue=2)
+    proxy = CountCapProxy(CountCap(concurrency=4, queue=2))
     async with serving(proxy, llama_server.url) as url:
         async with aiohttp.ClientSession() as s, s.get(url + "/health") as r:
             assert r.status == 200
@@ -83,7 +86,7 @@ async def test_count_cap_serves_concurrency_plus_queue_and_refuses_the_rest(llam
 
 async def test_rate_limit_serves_its_burst_and_refuses_the_rest_with_429(llama_server: LlamaServer) -> None:
     now = [0.0]  # a frozen clock: exactly the burst is available, whatever the machine's speed
-    proxy = RateLimitProxy(rate_rps=0.5, burst=3, clock=lambda: now[0])
+    proxy = RateLimitProxy(RateLimit(rate_rps=0.5, burst=3), clock=lambda: now[0])
     async with serving(proxy, llama_server.url) as url:
         run = await run_arrivals(url, arrivals(8, first=3000, max_tokens=16), 1.0, timeout_s=TIMEOUT_S)
         now[0] += 2.0  # one token later
@@ -98,8 +101,10 @@ async def test_rate_limit_serves_its_burst_and_refuses_the_rest_with_429(llama_s
     assert await server_idle(llama_server) == 0
 
 
-async def test_a_spawned_count_cap_refuses_while_the_slots_are_busy(llama_server: LlamaServer) -> None:
-    async with spawned_baseline("count_cap", llama_server.url, max_concurrency=4, max_queue=0) as url:
+async def test_a_spawned_count_cap_refuses_while_the_slots_are_busy(llama_server: LlamaServer, tmp_path: Path) -> None:
+    front = CountCapFront(CountCap(concurrency=4, queue=0))  # as the benchmark starts it
+    async with front.in_front_of(llama_server.url, tmp_path) as started:
+        url = started.url
         async with aiohttp.ClientSession() as s, s.get(url + "/health") as r:
             assert r.status == 200
         batch = arrivals(4, first=5000, max_tokens=64)
@@ -122,7 +127,7 @@ async def test_a_spawned_count_cap_refuses_while_the_slots_are_busy(llama_server
 async def test_back_to_back_streams_through_a_proxy_all_succeed(llama_server: LlamaServer) -> None:
     # llama-server closes its connection after a streamed response: a proxy that reused a
     # pooled upstream connection at once failed about one request in three here (502).
-    proxy = CountCapProxy(max_concurrency=1, max_queue=0)
+    proxy = CountCapProxy(CountCap(concurrency=1, queue=0))
     statuses = []
     async with serving(proxy, llama_server.url) as url, aiohttp.ClientSession() as session:
         for i in range(8):

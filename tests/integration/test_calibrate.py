@@ -14,9 +14,10 @@ from pathlib import Path
 import pytest
 
 from slogate_admission.schema import CalibrationProfile
-from slogate_calibration.output import TERMINATION_MESSAGE_LIMIT, compact_json
-from slogate_calibration.prometheus_text import LlamaCounters
+from slogate_calibration.measure import DECODE_MIN_ROUNDS, DECODE_RULE, PREFILL_RULE, TOLERANCE, prefill_min_timings
+from slogate_calibration.output import TERMINATION_MESSAGE_LIMIT, compact_json, summary_line
 from slogate_calibration.runtime import LlamaServer
+from slogate_llama.counters import LlamaCounters
 
 
 def calibrate(*args: str, timeout: float = 400) -> subprocess.CompletedProcess[str]:
@@ -47,6 +48,26 @@ def test_profile_of_the_bundled_model(calibrated_profile: CalibrationProfile) ->
     assert p.fingerprint_inputs["quantization"] == "Q4_1"
 
 
+def test_every_point_says_how_often_it_was_timed_and_how_well(calibrated_profile: CalibrationProfile) -> None:
+    p = calibrated_profile
+    for point in p.prefill.points:
+        assert point.timings is not None
+        assert point.spread is not None
+        assert prefill_min_timings(point.prompt_tokens) <= point.timings <= PREFILL_RULE.max_timings
+    for d in p.decode:
+        assert d.timings is not None
+        assert d.spread is not None
+        assert DECODE_MIN_ROUNDS <= d.timings <= DECODE_RULE.max_timings
+    c = p.confidence
+    assert c is not None
+    assert (c.prefill_reference_tokens, c.decode_streams, c.tolerance) == (512, 4, TOLERANCE)
+    # A point is listed as unsettled exactly when its stated uncertainty is above the tolerance.
+    assert (c.prefill_uncertainty > c.tolerance) == (512 in c.unsettled_prefill_tokens)
+    assert (c.decode_uncertainty > c.tolerance) == (4 in c.unsettled_decode_streams)
+    assert set(c.unsettled_prefill_tokens) <= {pt.prompt_tokens for pt in p.prefill.points}
+    assert "± " in summary_line(p)
+
+
 def test_stdout_is_one_compact_json_line_under_4_kib(
     llama_server: LlamaServer, calibrated_profile: CalibrationProfile, tmp_path: Path
 ) -> None:
@@ -57,6 +78,7 @@ def test_stdout_is_one_compact_json_line_under_4_kib(
     restored = CalibrationProfile.model_validate_json(line)
     assert restored.prefill.linear_s == calibrated_profile.prefill.linear_s
     assert restored.fingerprint == calibrated_profile.fingerprint
+    assert restored.confidence == calibrated_profile.confidence
 
 
 def test_unreachable_upstream_exit_2_and_no_file(tmp_path: Path) -> None:

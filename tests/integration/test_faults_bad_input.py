@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 from sidecar_harness import RunningSidecar, sidecar_in_front_of, thresholds_for
 from slogate_admission.schema import CalibrationProfile
 from slogate_calibration.runtime import LlamaServer
-from slogate_sidecar.requests import Route
+from slogate_llama.routes import Route
 
 # Sampling and server fields this llama-server reads (from its source and /props); values of any type.
 FIELDS = [

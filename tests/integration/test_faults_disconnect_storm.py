@@ -24,10 +24,10 @@ from typing import Any
 import pytest
 from aiohttp import web
 
-from builders import smollm2_profile
+from canned_profiles import smollm2_profile
 from fake_upstream import METRICS, llama_app, serve
 from sidecar_harness import RunningSidecar, sidecar_in_front_of, thresholds_for
-from slogate_sidecar.requests import Route
+from slogate_llama.routes import Route
 
 REQUESTS = 1000
 CONCURRENCY = 48
@@ -53,7 +53,7 @@ class RecordingUpstream:
         return web.json_response({"status": "ok"})
 
     async def metrics(self, _r: web.Request) -> web.Response:
-        return web.Response(text=METRICS.format(p=1000, ps=4.0))
+        return web.Response(text=METRICS)
 
     async def tokenize(self, request: web.Request) -> web.Response:
         self.tokenized += 1

@@ -21,8 +21,8 @@ import pytest
 
 from sidecar_harness import RunningSidecar, sidecar_in_front_of, thresholds_for
 from slogate_admission.schema import CalibrationProfile
-from slogate_calibration.prometheus_text import LlamaCounters
 from slogate_calibration.runtime import LlamaRuntime, LlamaServer
+from slogate_llama.counters import LlamaCounters
 
 HANG_GUARD_S = 90.0
 """Not a performance bound: a client still waiting after this long is hung."""

@@ -20,7 +20,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from builders import smollm2_profile
+from canned_profiles import smollm2_profile
 from fake_upstream import fake_upstream
 from sidecar_harness import TOKEN, thresholds_for
 

@@ -19,7 +19,6 @@ from typing import Any
 import pytest
 
 from slogate_calibration import runtime as runtime_module
-from slogate_calibration.prometheus_text import LlamaCounters, parse_unlabelled
 from slogate_calibration.runtime import (
     ENV_LLAMA_SERVER,
     ENV_MODEL,
@@ -29,6 +28,7 @@ from slogate_calibration.runtime import (
     RuntimeNotFound,
     locate,
 )
+from slogate_llama.counters import LlamaCounters, parse_unlabelled
 
 _OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 _PROMPT = "The capital of France is"
@@ -93,7 +93,7 @@ def test_metrics_parse_into_llama_counters(llama_server: LlamaServer) -> None:
 
     assert content_type.startswith("text/plain")
     assert all(name.startswith("llamacpp:") for name in samples)
-    # Counters declared without `_total` keep their printed name (see prometheus_text).
+    # Counters declared without `_total` keep their printed name (see slogate_llama.counters).
     assert "llamacpp:n_tokens_max" in samples
     assert "llamacpp:n_tokens_max_total" not in samples
     # The session server is idle between tests: nothing runs, nothing waits.

@@ -10,25 +10,18 @@ from pathlib import Path
 
 import pytest
 
-from operator_harness import (
-    CONFIGMAPS,
-    DEPLOYMENTS,
-    JOBS,
-    POLICIES,
-    Cluster,
-    SidecarFleet,
-    admission_policy,
-    condition,
-    eventually,
-    job_names,
-    llama_deployment,
-    running_operator,
-    settle,
-)
+from emulated_cluster import CONFIGMAPS, DEPLOYMENTS, JOBS, POLICIES, Cluster
+from kopf_thread import running_operator, settle
+from manifests import admission_policy, condition, llama_deployment
+from polling import eventually
+from sidecar_fleet import SidecarFleet
 from slogate_admission.schema import CalibrationProfile, Thresholds
 from slogate_calibration.output import compact_json
 from slogate_calibration.runtime import LlamaServer
 from slogate_operator import names
+from workload_controllers import complete_job, job_names, run_pods
+
+pytestmark = pytest.mark.kopf_thread  # runs the real operator in a thread
 
 PODS = ["127.0.0.1", "127.0.0.2", "127.0.0.3"]
 ONE_THREAD = ["-m", "/model/SmolLM2-135M-Instruct.Q4_1.gguf", "--host", "127.0.0.1", "--port", "8080",
@@ -77,14 +70,14 @@ def test_real_calibration_reaches_every_real_sidecar_and_a_rollout_recalibrates(
         (job,) = eventually(lambda: job_names(cluster), what="the first calibration Job")
         # Calibrated first, gated after: until thresholds exist the pods serve as they are.
         assert len(cluster.get(DEPLOYMENTS, "smollm2")["spec"]["template"]["spec"]["containers"]) == 1
-        cluster.complete_job(job, compact_json(calibrated_profile))
+        complete_job(cluster, job, compact_json(calibrated_profile))
         eventually(lambda: len(cluster.get(DEPLOYMENTS, "smollm2")["spec"]["template"]["spec"]["containers"]) == 2)
         # The injected template's pods mount the ConfigMap, which holds the thresholds by now.
         fleet.mount_token()
         boot = cluster.get(CONFIGMAPS, "smollm2-thresholds")["data"]["thresholds.json"]
         for ip in PODS:
             fleet.start(ip, thresholds_json=boot)
-        cluster.run_pods("smollm2", PODS)
+        run_pods(cluster, "smollm2", PODS)
         found = eventually(
             lambda: (p := cluster.get(POLICIES, "smollm2")) and p["status"].get("pushed") == "3/3" and p,
             what="3/3 sidecars acknowledged",
@@ -103,7 +96,7 @@ def test_real_calibration_reaches_every_real_sidecar_and_a_rollout_recalibrates(
         fleet.start(
             "127.0.0.4", thresholds_json=cluster.get(CONFIGMAPS, "smollm2-thresholds")["data"]["thresholds.json"]
         )
-        cluster.run_pods("smollm2", ["127.0.0.4"])
+        run_pods(cluster, "smollm2", ["127.0.0.4"])
         eventually(lambda: cluster.get(POLICIES, "smollm2")["status"].get("pushed") == "4/4")
         assert served(fleet, "127.0.0.4") == stored
 
@@ -123,7 +116,7 @@ def test_real_calibration_reaches_every_real_sidecar_and_a_rollout_recalibrates(
         )
         assert all(served(fleet, ip) == stored for ip in [*PODS, "127.0.0.4"])
         remeasured = slower(calibrated_profile, 2.0, calibrated_profile.id + "-t1")
-        cluster.complete_job(second, compact_json(remeasured))
+        complete_job(cluster, second, compact_json(remeasured))
         fresh = eventually(
             lambda: (t := configmap_thresholds(cluster)) and t.calibration_id == remeasured.id and t,
             what="new thresholds in the ConfigMap",

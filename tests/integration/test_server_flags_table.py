@@ -1,7 +1,7 @@
 """The committed table of llama-server flags is the real binary's ``--help``.
 
 The CI diff check of a generated file: regenerate from the binary `make llama` built and
-fail on any difference (then run ``python -m slogate_calibration.server_flags_table``
+fail on any difference (then run ``python -m slogate_llama.flags_table``
 and commit the result).
 """
 
@@ -14,24 +14,30 @@ from pathlib import Path
 import pytest
 
 from slogate_calibration.runtime import LlamaRuntime
-from slogate_calibration.server_flags import flag_table
-from slogate_calibration.server_flags_table import COMMAND, default_table_path, generate
+from slogate_llama.flags import flag_table
+from slogate_llama.flags_table import COMMAND, default_table_path, generate
 
 pytestmark = pytest.mark.integration
 
 
 def test_the_committed_table_is_what_the_binary_says(llama_runtime: LlamaRuntime) -> None:
     done = subprocess.run(
-        [sys.executable, "-m", "slogate_calibration.server_flags_table", "--check", "--server", str(llama_runtime.server)],
+        [sys.executable, "-m", "slogate_llama.flags_table", "--check", "--server", str(llama_runtime.server)],
         capture_output=True, text=True, check=False, timeout=120,
     )  # fmt: skip
     assert done.returncode == 0, f"stale table: regenerate it with `{COMMAND}`\n{done.stdout}{done.stderr}"
 
 
-def test_the_generator_writes_what_server_flags_loads(llama_runtime: LlamaRuntime, tmp_path: Path) -> None:
+def test_the_generator_finds_the_binary_make_llama_built_by_itself(llama_runtime: LlamaRuntime) -> None:
+    done = subprocess.run([sys.executable, "-m", "slogate_llama.flags_table", "--check"],
+                          capture_output=True, text=True, check=False, timeout=120)  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_the_generator_writes_what_flags_loads(llama_runtime: LlamaRuntime, tmp_path: Path) -> None:
     out = tmp_path / "flags.json"
     done = subprocess.run(
-        [sys.executable, "-m", "slogate_calibration.server_flags_table", "--server", str(llama_runtime.server),
+        [sys.executable, "-m", "slogate_llama.flags_table", "--server", str(llama_runtime.server),
          "--out", str(out)],
         capture_output=True, text=True, check=True, timeout=120,
     )  # fmt: skip

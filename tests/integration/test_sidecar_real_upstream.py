@@ -14,8 +14,8 @@ import pytest
 
 from sidecar_harness import TOKEN, RunningSidecar, sidecar_in_front_of, thresholds_for
 from slogate_admission.schema import CalibrationProfile
-from slogate_calibration.prometheus_text import LlamaCounters
 from slogate_calibration.runtime import LlamaServer
+from slogate_llama.counters import LlamaCounters
 
 CHAT = [{"role": "user", "content": "Name three colours."}]
 

@@ -1,15 +1,43 @@
 {{/*
-The alert rule groups: the one source of slogate's alerts. The PrometheusRule renders
-them; the tests render the chart and feed spec.groups to promtool and to a real
-Prometheus. Every ratio follows docs/metrics.md: slogate_requests_total (one per arrival)
-is the denominator, never slogate_decisions_total (one per failed predicate).
-Annotations are Prometheus templates, kept away from Helm inside {{` ... `}}.
+The alert rules: the one source of slogate's alerts. The PrometheusRule renders
+"slogate.alertGroups"; the tests render the chart and feed spec.groups to promtool and to a
+real Prometheus. Every ratio follows docs/metrics.md: slogate_requests_total (one per
+arrival) is the denominator, never slogate_decisions_total (one per failed predicate).
+
+Each alert is one dict handed to "slogate.alertRule", the only template that writes a rule.
+Its PromQL is a "slogate.expr.*" template, written out over lines as Prometheus reads it
+with the values filled in (a fixed expression is a plain string). Its summary and
+description are Prometheus templates ($labels, $value): Helm leaves them alone because it
+only ever sees them inside its own quoted strings (the $value, $who, $pod and $policy
+pieces of "slogate.alertGroups").
 */}}
 
-{{- define "slogate.alertAnnotations" -}}
-summary: {{ .summary | quote }}
-description: {{ .description | quote }}
-runbook_url: {{ printf "%s#%s" (include "slogate.runbooksPage" .root) (lower .name) | quote }}
+{{/*
+One alert rule from one dict:
+  values       the alert's block of .Values.alerts: enabled, for, severity
+  name         the alert's name; its runbook is the section of that name, in lower case,
+               of the runbooks page ("slogate.runbooksPage")
+  expr         its PromQL
+  summary, description
+  root         the chart's context (alerts.labels, the runbooks page)
+A disabled alert renders nothing.
+*/}}
+{{- define "slogate.alertRule" -}}
+{{- if .values.enabled -}}
+- alert: {{ .name }}
+  expr: |
+    {{- .expr | nindent 4 }}
+  for: {{ index .values "for" }}
+  labels:
+    severity: {{ .values.severity }}
+    {{- with .root.Values.alerts.labels }}
+    {{- toYaml . | nindent 4 }}
+    {{- end }}
+  annotations:
+    summary: {{ .summary | quote }}
+    description: {{ .description | quote }}
+    runbook_url: {{ printf "%s#%s" (include "slogate.runbooksPage" .root) (lower .name) | quote }}
+{{- end -}}
 {{- end }}
 
 {{/*
@@ -27,11 +55,21 @@ docs/runbooks.md
 {{- end -}}
 {{- end }}
 
-{{- define "slogate.alertLabels" -}}
-severity: {{ .alert.severity }}
-{{- with .root.Values.alerts.labels }}
-{{ toYaml . }}
-{{- end }}
+{{/*
+The share of arrivals refused: rejected at once, or deferred until the wait ran out (`or`
+rather than `+`, so a missing series, no deferrals configured, does not empty the sum); above
+the threshold, on a workload busy enough for a ratio to mean something.
+Dict: by, window, minRate, alert (sheddingWarning or sheddingCritical), severity.
+*/}}
+{{- define "slogate.expr.shedding" -}}
+sum by ({{ .by }}) (
+  rate(slogate_requests_total{outcome="reject"}[{{ .window }}])
+  or rate(slogate_deferral_outcomes_total{result="timed_out"}[{{ .window }}])
+)
+/ sum by ({{ .by }}) (rate(slogate_requests_total[{{ .window }}]))
+{{ include "slogate.expr.sheddingThreshold" . }}
+and
+sum by ({{ .by }}) (rate(slogate_requests_total[{{ .window }}])) > {{ .minRate }}
 {{- end }}
 
 {{/*
@@ -39,19 +77,23 @@ The shedding threshold a ratio is compared with. A fixed `ratio` in the values a
 every policy. Otherwise each policy's own spec.alerting figure, which the operator exports
 as slogate_operator_alerting_rejection_ratio{namespace, policy, severity}, and
 `fallbackRatio` for series with no such figure (operator not scraped, sidecar not injected
-by a policy): `or` fills the gap per (namespace, policy).
+by a policy): `or` fills the gap per (namespace, policy). The join needs namespace and
+policy among alerts.groupBy, which "slogate.alertGroups" checks.
 */}}
-{{- define "slogate.sheddingThreshold" -}}
+{{- define "slogate.expr.sheddingThreshold" -}}
 {{- if kindIs "invalid" .alert.ratio -}}
-{{- if not (and (has "namespace" .root.Values.alerts.groupBy) (has "policy" .root.Values.alerts.groupBy)) -}}
-{{- fail "alerts.groupBy must include namespace and policy to compare with each policy's spec.alerting ratios; or set alerts.sheddingWarning.ratio and alerts.sheddingCritical.ratio" -}}
-{{- end -}}
-{{- printf "> on (namespace, policy) group_left ()\n(\n  max by (namespace, policy) (slogate_operator_alerting_rejection_ratio{severity=\"%s\"})\n  or on (namespace, policy)\n  0 * sum by (namespace, policy) (rate(slogate_requests_total[%s])) + %v\n)" .severity .root.Values.alerts.window .alert.fallbackRatio -}}
+> on (namespace, policy) group_left ()
+(
+  max by (namespace, policy) (slogate_operator_alerting_rejection_ratio{severity="{{ .severity }}"})
+  or on (namespace, policy)
+  0 * sum by (namespace, policy) (rate(slogate_requests_total[{{ .window }}])) + {{ .alert.fallbackRatio }}
+)
 {{- else -}}
-{{- printf "> %v" .alert.ratio -}}
+> {{ .alert.ratio }}
 {{- end -}}
 {{- end }}
 
+{{/* The threshold in words, for the description. Dict: alert, field (of spec.alerting). */}}
 {{- define "slogate.sheddingLimitText" -}}
 {{- if kindIs "invalid" .alert.ratio -}}
 {{- printf "the policy's spec.alerting.%s (%.4g%% where the operator's figure is not scraped)" .field (mulf .alert.fallbackRatio 100) -}}
@@ -60,133 +102,125 @@ by a policy): `or` fills the gap per (namespace, policy).
 {{- end -}}
 {{- end }}
 
+{{/* Admitted requests whose first token missed their class's TTFT SLO. Dict: by, alert. */}}
+{{- define "slogate.expr.admittedMissingSlo" -}}
+sum by ({{ .by }}) (rate(slogate_slo_requests_total{result="missed"}[{{ .alert.window }}]))
+/ sum by ({{ .by }}) (rate(slogate_slo_requests_total[{{ .alert.window }}]))
+> {{ .alert.missRatio }}
+and
+sum by ({{ .by }}) (increase(slogate_slo_requests_total[{{ .alert.window }}])) >= {{ .alert.minRequests }}
+{{- end }}
+
+{{/* The median TTFT prediction error out of its band. Dict: by, alert. */}}
+{{- define "slogate.expr.ttftPredictionDrift" -}}
+{{- $median := include "slogate.expr.medianPredictionError" . -}}
+(
+  {{ $median }} > {{ .alert.optimisticAbove }}
+  or
+  {{ $median }} < {{ .alert.pessimisticBelow }}
+)
+and
+sum by ({{ .by }}) (increase(slogate_ttft_prediction_error_ratio_count[{{ .alert.window }}])) >= {{ .alert.minRequests }}
+{{- end }}
+
+{{- define "slogate.expr.medianPredictionError" -}}
+histogram_quantile(0.5, sum by (le, {{ .by }}) (rate(slogate_ttft_prediction_error_ratio_bucket[{{ .alert.window }}])))
+{{- end }}
+
+{{/* Failed calibrations, unless one of the current container is in force. Dict: alert. */}}
+{{- define "slogate.expr.calibrationFailing" -}}
+sum by (namespace, policy) (
+  increase(slogate_operator_calibrations_total{outcome=~"failed|timed_out|invalid_result|rejected"}[{{ .alert.window }}])
+) > 0
+unless on (namespace, policy)
+max by (namespace, policy) (slogate_operator_policy_condition{type="Calibrated"}) == 1
+{{- end }}
+
+{{/* Threshold pushes the sidecar refused. Dict: alert. */}}
+{{- define "slogate.expr.thresholdsRejected" -}}
+increase(slogate_threshold_updates_total{result="rejected"}[{{ .alert.window }}]) > 0
+{{- end }}
+
 {{- define "slogate.alertGroups" -}}
 {{- $a := .Values.alerts }}
 {{- $by := join ", " $a.groupBy }}
 {{- $w := $a.window }}
-{{- $where := join " }}/{{ $labels." $a.groupBy }}
-{{- $who := printf "{{ $labels.%s }}" $where }}
-{{- /* Refused: rejected at once, or deferred until the wait ran out. `or` rather than `+`,
-       so a missing series (no deferrals configured) does not empty the sum. */}}
-{{- $refused := printf "sum by (%s) (\n  rate(slogate_requests_total{outcome=\"reject\"}[%s])\n  or rate(slogate_deferral_outcomes_total{result=\"timed_out\"}[%s])\n)\n/ sum by (%s) (rate(slogate_requests_total[%s]))" $by $w $w $by $w }}
-{{- $busy := printf "sum by (%s) (rate(slogate_requests_total[%s])) > %v" $by $w $a.minRequestsPerSecond -}}
+{{- range list $a.sheddingWarning $a.sheddingCritical }}
+{{- if and .enabled (kindIs "invalid" .ratio) (not (and (has "namespace" $a.groupBy) (has "policy" $a.groupBy))) }}
+{{- fail "alerts.groupBy must include namespace and policy to compare with each policy's spec.alerting ratios; or set alerts.sheddingWarning.ratio and alerts.sheddingCritical.ratio" }}
+{{- end }}
+{{- end }}
+{{- /* Prometheus template pieces of the annotations: Helm sees them as plain strings. */}}
+{{- $value := "{{ $value | humanizePercentage }}" }}
+{{- $pod := "{{ $labels.namespace }}/{{ $labels.pod }}" }}
+{{- $policy := "{{ $labels.namespace }}/{{ $labels.policy }}" }}
+{{- $parts := list }}
+{{- range $a.groupBy }}
+{{- $parts = append $parts (printf "{{ $labels.%s }}" .) }}
+{{- end }}
+{{- $who := join "/" $parts -}}
 - name: slogate-shedding
   rules:
-    {{- with $a.sheddingWarning }}
-    {{- if .enabled }}
-    - alert: SlogateSheddingWarning
-      expr: |
-        {{- printf "%s\n%s\nand\n%s" $refused (include "slogate.sheddingThreshold" (dict "root" $ "alert" . "severity" "warning")) $busy | nindent 8 }}
-      for: {{ index . "for" }}
-      labels:
-        {{- include "slogate.alertLabels" (dict "alert" . "root" $) | nindent 8 }}
-      annotations:
-        {{- include "slogate.alertAnnotations" (dict "root" $ "name" "SlogateSheddingWarning"
-              "summary" (printf "%s refuses {{ $value | humanizePercentage }} of requests" $who)
-              "description" (printf "{{ $value | humanizePercentage }} of arrivals at %s were refused (429 at once, or deferred until the wait ran out) over %s, more than %s: demand exceeds what the SLO lets this workload serve. Add replicas, or accept the shedding." $who $w (include "slogate.sheddingLimitText" (dict "alert" . "field" "rejectionRatioWarning")))) | nindent 8 }}
-    {{- end }}
-    {{- end }}
-    {{- with $a.sheddingCritical }}
-    {{- if .enabled }}
-    - alert: SlogateSheddingCritical
-      expr: |
-        {{- printf "%s\n%s\nand\n%s" $refused (include "slogate.sheddingThreshold" (dict "root" $ "alert" . "severity" "critical")) $busy | nindent 8 }}
-      for: {{ index . "for" }}
-      labels:
-        {{- include "slogate.alertLabels" (dict "alert" . "root" $) | nindent 8 }}
-      annotations:
-        {{- include "slogate.alertAnnotations" (dict "root" $ "name" "SlogateSheddingCritical"
-              "summary" (printf "%s refuses {{ $value | humanizePercentage }} of requests" $who)
-              "description" (printf "{{ $value | humanizePercentage }} of arrivals at %s were refused over %s, more than %s: a large share of users gets 429s. Scale out now, or find what made the server slower (thresholds, rates)." $who $w (include "slogate.sheddingLimitText" (dict "alert" . "field" "rejectionRatioCritical")))) | nindent 8 }}
-    {{- end }}
-    {{- end }}
+    {{- include "slogate.alertRule" (dict "root" $ "values" $a.sheddingWarning
+          "name" "SlogateSheddingWarning"
+          "expr" (include "slogate.expr.shedding" (dict "by" $by "window" $w "minRate" $a.minRequestsPerSecond
+                    "alert" $a.sheddingWarning "severity" "warning"))
+          "summary" (printf "%s refuses %s of requests" $who $value)
+          "description" (printf "%s of arrivals at %s were refused (429 at once, or deferred until the wait ran out) over %s, more than %s: demand exceeds what the SLO lets this workload serve. Add replicas, or accept the shedding."
+                           $value $who $w (include "slogate.sheddingLimitText" (dict "alert" $a.sheddingWarning "field" "rejectionRatioWarning")))) | nindent 4 }}
+    {{- include "slogate.alertRule" (dict "root" $ "values" $a.sheddingCritical
+          "name" "SlogateSheddingCritical"
+          "expr" (include "slogate.expr.shedding" (dict "by" $by "window" $w "minRate" $a.minRequestsPerSecond
+                    "alert" $a.sheddingCritical "severity" "critical"))
+          "summary" (printf "%s refuses %s of requests" $who $value)
+          "description" (printf "%s of arrivals at %s were refused over %s, more than %s: a large share of users gets 429s. Scale out now, or find what made the server slower (thresholds, rates)."
+                           $value $who $w (include "slogate.sheddingLimitText" (dict "alert" $a.sheddingCritical "field" "rejectionRatioCritical")))) | nindent 4 }}
 - name: slogate-prediction
   rules:
     {{- with $a.admittedMissingSlo }}
-    {{- if .enabled }}
-    - alert: SlogateAdmittedMissingSlo
-      expr: |
-        {{- printf "sum by (%s) (rate(slogate_slo_requests_total{result=\"missed\"}[%s]))\n/ sum by (%s) (rate(slogate_slo_requests_total[%s]))\n> %v\nand\nsum by (%s) (increase(slogate_slo_requests_total[%s])) >= %v" $by .window $by .window .missRatio $by .window .minRequests | nindent 8 }}
-      for: {{ index . "for" }}
-      labels:
-        {{- include "slogate.alertLabels" (dict "alert" . "root" $) | nindent 8 }}
-      annotations:
-        {{- include "slogate.alertAnnotations" (dict "root" $ "name" "SlogateAdmittedMissingSlo"
-              "summary" (printf "%s: {{ $value | humanizePercentage }} of admitted requests miss their TTFT SLO" $who)
-              "description" (printf "The gate admitted requests at %s that then missed their class's TTFT SLO (more than %.4g%% of them over %s): the gate is lying. Its thresholds or rates no longer describe the server." $who (mulf .missRatio 100) .window)) | nindent 8 }}
-    {{- end }}
+    {{- include "slogate.alertRule" (dict "root" $ "values" .
+          "name" "SlogateAdmittedMissingSlo"
+          "expr" (include "slogate.expr.admittedMissingSlo" (dict "by" $by "alert" .))
+          "summary" (printf "%s: %s of admitted requests miss their TTFT SLO" $who $value)
+          "description" (printf "The gate admitted requests at %s that then missed their class's TTFT SLO (more than %.4g%% of them over %s): the gate is lying. Its thresholds or rates no longer describe the server."
+                           $who (mulf .missRatio 100) .window)) | nindent 4 }}
     {{- end }}
     {{- with $a.ttftPredictionDrift }}
-    {{- if .enabled }}
-    {{- $median := printf "histogram_quantile(0.5, sum by (le, %s) (rate(slogate_ttft_prediction_error_ratio_bucket[%s])))" $by .window }}
-    - alert: SlogateTTFTPredictionDrift
-      expr: |
-        {{- printf "(\n  %s > %v\n  or\n  %s < %v\n)\nand\nsum by (%s) (increase(slogate_ttft_prediction_error_ratio_count[%s])) >= %v" $median .optimisticAbove $median .pessimisticBelow $by .window .minRequests | nindent 8 }}
-      for: {{ index . "for" }}
-      labels:
-        {{- include "slogate.alertLabels" (dict "alert" . "root" $) | nindent 8 }}
-      annotations:
-        {{- include "slogate.alertAnnotations" (dict "root" $ "name" "SlogateTTFTPredictionDrift"
-              "summary" (printf "%s: median TTFT prediction error {{ $value | humanizePercentage }}" $who)
-              "description" (printf "The median of (actual - predicted) / predicted TTFT at %s left [%v, %v] over %s: the calibrated rates are stale (a new model, quantization, node type or noisy neighbour). Recalibrate." $who .pessimisticBelow .optimisticAbove .window)) | nindent 8 }}
-    {{- end }}
+    {{- include "slogate.alertRule" (dict "root" $ "values" .
+          "name" "SlogateTTFTPredictionDrift"
+          "expr" (include "slogate.expr.ttftPredictionDrift" (dict "by" $by "alert" .))
+          "summary" (printf "%s: median TTFT prediction error %s" $who $value)
+          "description" (printf "The median of (actual - predicted) / predicted TTFT at %s left [%v, %v] over %s: the calibrated rates are stale (a new model, quantization, node type or noisy neighbour). Recalibrate."
+                           $who .pessimisticBelow .optimisticAbove .window)) | nindent 4 }}
     {{- end }}
 - name: slogate-gate-health
   rules:
     {{- with $a.calibrationFailing }}
-    {{- if .enabled }}
-    - alert: SlogateCalibrationFailing
-      expr: |
-        {{- printf "sum by (namespace, policy) (\n  increase(slogate_operator_calibrations_total{outcome=~\"failed|timed_out|invalid_result|rejected\"}[%s])\n) > 0\nunless on (namespace, policy)\nmax by (namespace, policy) (slogate_operator_policy_condition{type=\"Calibrated\"}) == 1" .window | nindent 8 }}
-      for: {{ index . "for" }}
-      labels:
-        {{- include "slogate.alertLabels" (dict "alert" . "root" $) | nindent 8 }}
-      annotations:
-        {{- include "slogate.alertAnnotations" (dict "root" $ "name" "SlogateCalibrationFailing"
-              "summary" "AdmissionPolicy {{ $labels.namespace }}/{{ $labels.policy }}: calibration failing"
-              "description" (printf "Calibration of AdmissionPolicy {{ $labels.namespace }}/{{ $labels.policy }} failed within %s and no calibration of the current llama.cpp container is in force. The sidecars keep the last good thresholds, which may not describe the server that now runs. See the policy's Degraded condition and the Job's logs." .window)) | nindent 8 }}
+    {{- include "slogate.alertRule" (dict "root" $ "values" .
+          "name" "SlogateCalibrationFailing"
+          "expr" (include "slogate.expr.calibrationFailing" (dict "alert" .))
+          "summary" (printf "AdmissionPolicy %s: calibration failing" $policy)
+          "description" (printf "Calibration of AdmissionPolicy %s failed within %s and no calibration of the current llama.cpp container is in force. The sidecars keep the last good thresholds, which may not describe the server that now runs. See the policy's Degraded condition and the Job's logs."
+                           $policy .window)) | nindent 4 }}
     {{- end }}
-    {{- end }}
-    {{- with $a.thresholdsMissing }}
-    {{- if .enabled }}
-    - alert: SlogateSidecarWithoutThresholds
-      expr: |
-        {{- "slogate_thresholds_loaded == 0" | nindent 8 }}
-      for: {{ index . "for" }}
-      labels:
-        {{- include "slogate.alertLabels" (dict "alert" . "root" $) | nindent 8 }}
-      annotations:
-        {{- include "slogate.alertAnnotations" (dict "root" $ "name" "SlogateSidecarWithoutThresholds"
-              "summary" "Sidecar {{ $labels.namespace }}/{{ $labels.pod }} serves without thresholds"
-              "description" "The slogate sidecar in {{ $labels.namespace }}/{{ $labels.pod }} has no thresholds loaded: it cannot decide and refuses every request, and its pod is not Ready. The thresholds ConfigMap is missing or unreadable, or no push reached it.") | nindent 8 }}
-    {{- end }}
-    {{- end }}
+    {{- include "slogate.alertRule" (dict "root" $ "values" $a.thresholdsMissing
+          "name" "SlogateSidecarWithoutThresholds"
+          "expr" "slogate_thresholds_loaded == 0"
+          "summary" (printf "Sidecar %s serves without thresholds" $pod)
+          "description" (printf "The slogate sidecar in %s has no thresholds loaded: it cannot decide and refuses every request, and its pod is not Ready. The thresholds ConfigMap is missing or unreadable, or no push reached it."
+                           $pod)) | nindent 4 }}
     {{- with $a.thresholdsRejected }}
-    {{- if .enabled }}
-    - alert: SlogateThresholdsRejected
-      expr: |
-        {{- printf "increase(slogate_threshold_updates_total{result=\"rejected\"}[%s]) > 0" .window | nindent 8 }}
-      for: {{ index . "for" }}
-      labels:
-        {{- include "slogate.alertLabels" (dict "alert" . "root" $) | nindent 8 }}
-      annotations:
-        {{- include "slogate.alertAnnotations" (dict "root" $ "name" "SlogateThresholdsRejected"
-              "summary" "Sidecar {{ $labels.namespace }}/{{ $labels.pod }} refused new thresholds"
-              "description" (printf "A thresholds push to {{ $labels.namespace }}/{{ $labels.pod }} failed validation within %s; the previous thresholds stay in force. The operator and the sidecar disagree on the thresholds schema (version skew?)." .window)) | nindent 8 }}
+    {{- include "slogate.alertRule" (dict "root" $ "values" .
+          "name" "SlogateThresholdsRejected"
+          "expr" (include "slogate.expr.thresholdsRejected" (dict "alert" .))
+          "summary" (printf "Sidecar %s refused new thresholds" $pod)
+          "description" (printf "A thresholds push to %s failed validation within %s; the previous thresholds stay in force. The operator and the sidecar disagree on the thresholds schema (version skew?)."
+                           $pod .window)) | nindent 4 }}
     {{- end }}
-    {{- end }}
-    {{- with $a.upstreamUnreachable }}
-    {{- if .enabled }}
-    - alert: SlogateUpstreamUnreachable
-      expr: |
-        {{- "slogate_upstream_up == 0" | nindent 8 }}
-      for: {{ index . "for" }}
-      labels:
-        {{- include "slogate.alertLabels" (dict "alert" . "root" $) | nindent 8 }}
-      annotations:
-        {{- include "slogate.alertAnnotations" (dict "root" $ "name" "SlogateUpstreamUnreachable"
-              "summary" "Sidecar {{ $labels.namespace }}/{{ $labels.pod }} cannot reach llama-server"
-              "description" "The slogate sidecar in {{ $labels.namespace }}/{{ $labels.pod }} has failed to read llama-server's /health and /metrics: it answers 503 to every request. llama-server is down, still loading its model, or listens elsewhere than --upstream.") | nindent 8 }}
-    {{- end }}
-    {{- end }}
+    {{- include "slogate.alertRule" (dict "root" $ "values" $a.upstreamUnreachable
+          "name" "SlogateUpstreamUnreachable"
+          "expr" "slogate_upstream_up == 0"
+          "summary" (printf "Sidecar %s cannot reach llama-server" $pod)
+          "description" (printf "The slogate sidecar in %s has failed to read llama-server's /health and /metrics: it answers 503 to every request. llama-server is down, still loading its model, or listens elsewhere than --upstream."
+                           $pod)) | nindent 4 }}
 {{- end }}

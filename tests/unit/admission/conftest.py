@@ -2,7 +2,7 @@
 
 import pytest
 
-from builders import smollm2_profile
+from canned_profiles import smollm2_profile
 from slogate_admission.schema import CalibrationProfile, Policy
 
 

@@ -7,7 +7,7 @@ Required only when some class (or the implicit single class ``default``) has no
 import pytest
 from pydantic import ValidationError
 
-from builders import NOW, smollm2_profile
+from canned_profiles import NOW, smollm2_profile
 from slogate_admission.derivation import derive_thresholds
 from slogate_admission.schema import Policy
 

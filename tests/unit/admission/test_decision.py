@@ -2,7 +2,7 @@
 
 import pytest
 
-from builders import NOW
+from canned_profiles import NOW
 from slogate_admission.decision import (
     Decision,
     GateConfig,
@@ -45,8 +45,9 @@ def test_lower_class_defers_within_its_own_slo(gate: GateConfig) -> None:
     d = decide(gate, Request(200, 128, "batch"), LiveState(queued_prefill_tokens=2 * rate), now=100.0)
     assert d.outcome is Outcome.DEFER
     assert d.reasons == (Reason.TTFT,)
-    assert d.max_wait_s == pytest.approx(1.0)  # the policy's max wait < slack
-    assert d.defer_deadline == pytest.approx(101.0)
+    # No max wait in the policy: it may wait as long as its own SLO leaves slack.
+    assert d.max_wait_s == pytest.approx(10.0 - d.predicted_ttft_s)
+    assert d.defer_deadline == pytest.approx(100.0 + d.max_wait_s)
 
 
 def test_all_failed_reasons_are_reported(gate: GateConfig) -> None:
@@ -99,10 +100,14 @@ def test_unknown_class_gets_the_default(gate: GateConfig) -> None:
 
 
 def test_deferral_bounded_by_littles_law(gate: GateConfig) -> None:
-    state = LiveState(streams=3, deferred=gate.l_max)
-    d = decide(gate, Request(100, 100, "batch"), state, now=0)
-    assert d.outcome is Outcome.REJECT
-    assert d.reasons == (Reason.CONCURRENCY, Reason.QUEUE_FULL)
+    batch = gate.classes["batch"]
+    assert batch.l_max > batch.concurrency_cap  # a 10 s SLO leaves room to wait
+    room = batch.l_max - batch.concurrency_cap
+    last = decide(gate, Request(100, 100, "batch"), LiveState(streams=3, deferred=room - 1), now=0)
+    assert (last.outcome, last.reasons) == (Outcome.DEFER, (Reason.CONCURRENCY,))
+    full = decide(gate, Request(100, 100, "batch"), LiveState(streams=3, deferred=room), now=0)
+    assert full.outcome is Outcome.REJECT
+    assert full.reasons == (Reason.CONCURRENCY, Reason.QUEUE_FULL)
 
 
 def test_time_spent_deferred_counts_against_the_budget(gate: GateConfig) -> None:

@@ -3,7 +3,7 @@
 import pytest
 from pydantic import ValidationError
 
-from builders import NOW, smollm2_profile
+from canned_profiles import NOW, smollm2_profile
 from slogate_admission.derivation import DerivationError, derive_thresholds
 from slogate_admission.schema import CalibrationProfile, Policy, Thresholds
 from slogate_admission.service import PrefillCurve

@@ -3,7 +3,7 @@
 from hypothesis import given
 from hypothesis import strategies as st
 
-from builders import NOW, smollm2_profile
+from canned_profiles import NOW, smollm2_profile
 from slogate_admission.decision import GateConfig, LiveState, Outcome, Request, decide
 from slogate_admission.derivation import derive_thresholds
 from slogate_admission.kv import kv_gate

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from builders import NOW, smollm2_profile
+from canned_profiles import NOW, smollm2_profile
 from slogate_admission.derivation import derive_thresholds
 from slogate_admission.schema import Policy, Thresholds
 

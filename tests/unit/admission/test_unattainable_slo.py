@@ -5,7 +5,7 @@ import itertools
 
 import pytest
 
-from builders import NOW, smollm2_profile
+from canned_profiles import NOW, smollm2_profile
 from slogate_admission.decision import GateConfig, LiveState, Outcome, Request, decide
 from slogate_admission.derivation import (
     MIN_USEFUL_PROMPT_TOKENS,

@@ -7,7 +7,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from builders import smollm2_profile
+from canned_profiles import smollm2_profile
 from fake_upstream import fake_upstream
 from sidecar_harness import thresholds_for
 from slogate_bench.gate_process import spawned_gate
@@ -23,12 +23,14 @@ async def test_a_spawned_gate_serves_then_stops(tmp_path: Path) -> None:
                 body = {"prompt": [1, 2, 3], "n_predict": 2}
                 async with session.post(gate.url + "/completion", json=body) as answer:
                     assert answer.status == 200
-            state = await gate.state()
-            assert state["thresholds"]["calibrationId"] == thresholds.calibration_id
+            books = await gate.books()
+            assert books["thresholds"]["calibrationId"] == thresholds.calibration_id
+            assert sum(books["deferrals"].values()) == 0  # nothing was deferred
+            assert Path(f"/proc/{gate.pid}/cmdline").read_bytes().split(b"\0")[3:5] == [b"sidecar", b"--upstream"]
         with pytest.raises(aiohttp.ClientConnectionError):  # the process is gone with the context
             async with aiohttp.ClientSession() as session, session.get(gate.url + "/readyz"):
                 pass
-    assert "thresholds loaded" in (tmp_path / "bench-sidecar.log").read_text()
+    assert "thresholds loaded" in (tmp_path / "sidecar.log").read_text()
 
 
 async def test_a_gate_that_cannot_start_says_so(tmp_path: Path) -> None:

@@ -22,18 +22,8 @@ import pytest
 from aiohttp import web
 
 from fake_upstream import fake_upstream, serve
-from slogate_bench.baselines import (
-    CountCap,
-    CountCapProxy,
-    FifoLimiter,
-    RateLimit,
-    RateLimitProxy,
-    TokenBucket,
-    fair_count_cap,
-    fair_rate_limit,
-    running_baseline,
-    serving,
-)
+from slogate_bench.baselines import CountCapProxy, FifoLimiter, RateLimitProxy, TokenBucket, serving
+from slogate_bench.limits import CountCap, RateLimit, fair_count_cap, fair_rate_limit
 from slogate_bench.load import Result, Run, one_request, open_loop, request_with_retries, run_arrivals
 from slogate_bench.retries import RetryBudget, RetryPolicy, parse_retry_after
 from slogate_bench.workloads import PRESETS, Arrival, Workload, class_mix, preset, schedule
@@ -360,7 +350,7 @@ def test_presets() -> None:
 def test_the_default_workload_is_unchanged() -> None:
     w = Workload()
     assert w.draws(3) == [(200, 32)] * 3
-    assert w.class_name(random.Random(0)) is None
+    assert w.class_of(random.Random(0)) is None
 
 
 # --- the baselines: fair tuning, the token bucket, the count cap ---------------------------------------------------
@@ -368,11 +358,11 @@ def test_the_default_workload_is_unchanged() -> None:
 
 def test_fair_count_cap_is_littles_law_on_the_slo() -> None:
     # floor(slots x SLO / S): 4 slots, 2 s SLO, 1.6 s per request in a slot -> 5 waiting.
-    assert fair_count_cap(4, 2.0, 1.6) == CountCap(max_concurrency=4, max_queue=5)
+    assert fair_count_cap(4, 2.0, 1.6) == CountCap(concurrency=4, queue=5)
     assert fair_count_cap(4, 1.0, 3.0) == CountCap(4, 1)  # floor(1.33)
     assert fair_count_cap(4, 0.5, 3.0) == CountCap(4, 0)  # SLO shorter than a slot's turn: no queue
     mu = 2.5  # from a capacity: S = slots / μ, so the queue is floor(SLO x μ)
-    assert fair_count_cap(4, 2.0, 4 / mu).max_queue == math.floor(2.0 * mu) == 5
+    assert fair_count_cap(4, 2.0, 4 / mu).queue == math.floor(2.0 * mu) == 5
     for bad in ((0, 2.0, 1.0), (4, 0.0, 1.0), (4, 2.0, 0.0)):
         with pytest.raises(ValueError, match="must"):
             fair_count_cap(*bad)
@@ -406,7 +396,7 @@ async def test_rate_limit_proxy_answers_429_with_the_time_to_the_next_token() ->
     clock = FakeClock()
     async with (
         fake_upstream() as fake,
-        serving(RateLimitProxy(0.5, 2, clock=clock), fake.url) as url,
+        serving(RateLimitProxy(RateLimit(0.5, 2), clock=clock), fake.url) as url,
         aiohttp.ClientSession() as session,
     ):
         statuses = []
@@ -433,7 +423,7 @@ async def post_and_read(session: aiohttp.ClientSession, url: str) -> tuple[int, 
 
 
 async def test_count_cap_returns_503_exactly_when_concurrency_and_queue_are_full() -> None:
-    proxy = CountCapProxy(max_concurrency=2, max_queue=1)
+    proxy = CountCapProxy(CountCap(concurrency=2, queue=1))
     async with fake_upstream() as fake, serving(proxy, fake.url) as url, aiohttp.ClientSession() as session:
         fake.mode = "stall"
         running = [asyncio.create_task(post_and_read(session, url)) for _ in range(2)]
@@ -458,7 +448,7 @@ async def test_count_cap_returns_503_exactly_when_concurrency_and_queue_are_full
 
 
 async def test_count_cap_frees_the_slot_and_aborts_upstream_when_clients_leave() -> None:
-    proxy = CountCapProxy(max_concurrency=1, max_queue=1)
+    proxy = CountCapProxy(CountCap(concurrency=1, queue=1))
     async with fake_upstream() as fake, serving(proxy, fake.url) as url, aiohttp.ClientSession() as session:
         fake.mode = "stall"
         in_flight = asyncio.create_task(post_and_read(session, url))
@@ -493,8 +483,3 @@ async def test_fifo_limiter_serves_in_arrival_order() -> None:
     await asyncio.gather(*waiters)
     assert order == [0, 1, 2]
     assert (limiter.active, limiter.waiting, limiter.peak_active) == (0, 0, 1)
-
-
-async def test_direct_is_the_upstream_itself() -> None:
-    async with running_baseline("direct", "http://127.0.0.1:9") as url:
-        assert url == "http://127.0.0.1:9"

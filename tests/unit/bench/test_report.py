@@ -7,15 +7,16 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, get_args
 
-import numpy as np
 import pytest
 
-from builders import smollm2_profile
+from canned_profiles import smollm2_profile
 from slogate_admission.derivation import derive_thresholds
 from slogate_admission.schema import CalibrationProfile, Policy
-from slogate_bench.load import Outcome, Result, Run
-from slogate_bench.report import OUTCOME_COLUMNS, outcome_counts, overhead_targets, targets, write_report
-from slogate_bench.scenario import SampledLengths
+from slogate_bench import readme_numbers
+from slogate_bench.capacity import ServerModel, capacity_rps
+from slogate_bench.load import OUTCOME_COLUMNS, Outcome, Result, Run, outcome_counts
+from slogate_bench.report import overhead_targets, targets, write_report
+from slogate_bench.workloads import preset
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -128,7 +129,9 @@ def assert_tables_add_up(markdown: str, *, rows: int) -> None:
 def test_the_published_benchmark_tables_add_up() -> None:
     """docs/benchmarks.md as committed: within SLO + served late + rejected + refused + timed out + errors = sent."""
     published = json.loads((REPO / "docs" / "bench" / "results.json").read_text())
-    assert_tables_add_up((REPO / "docs" / "benchmarks.md").read_text(), rows=len(published["runs"]))
+    deferral = json.loads((REPO / "docs" / "bench" / "deferral.json").read_text())  # `make bench-deferral`
+    rows = len(published["runs"]) + len(deferral["runs"])
+    assert_tables_add_up((REPO / "docs" / "benchmarks.md").read_text(), rows=rows)
 
 
 def test_tables_re_rendered_from_the_published_runs_add_up(tmp_path: Path) -> None:
@@ -140,6 +143,19 @@ def test_tables_re_rendered_from_the_published_runs_add_up(tmp_path: Path) -> No
     write_report(raw, profile, thresholds, out, tmp_path / "bench")
     assert_tables_add_up(out.read_text(), rows=len(raw["runs"]))
     assert any(int(row["served late"]) for table in results_tables(out.read_text()) for row in table)
+
+
+def test_the_readmes_latest_numbers_are_the_published_results() -> None:
+    """The README's block is generated (`make bench`), never typed: it equals what the
+    generator makes of docs/bench/results.json now."""
+    raw = json.loads((REPO / "docs" / "bench" / "results.json").read_text())
+    profile = CalibrationProfile.model_validate_json((REPO / "docs" / "bench" / "profile.json").read_text())
+    policy = Policy.model_validate({"slo": {"ttftSeconds": raw["slo_s"]}, "deferral": {"maxWaitSeconds": 0.5}})
+    cap = derive_thresholds(policy, profile, derived_at=datetime(2026, 1, 1, tzinfo=UTC)).concurrency_cap
+    mu = capacity_rps(ServerModel.from_profile(profile), preset("chat"), cap)
+    readme = (REPO / "README.md").read_text()
+    assert readme_numbers.block(raw, mu) in readme
+    assert readme.count(readme_numbers.BEGIN) == 1
 
 
 def test_every_outcome_the_load_generator_records_has_a_column() -> None:
@@ -159,12 +175,3 @@ def test_a_run_that_does_not_add_up_is_refused() -> None:
     broken = run("slogate", 2.0, 0.5, within=15, rejected=4) | {"requests": 30}
     with pytest.raises(ValueError, match=r"slogate chat none at 2x: 15 \+ 5 \+ 4 \+ 0 \+ 0 \+ 0 != 30 sent"):
         outcome_counts(broken)
-
-
-def test_sampled_lengths_draw_only_their_samples() -> None:
-    lengths = SampledLengths((16, 100, 900))
-    drawn = lengths.draw(np.random.default_rng(1), 3000)
-    assert set(drawn) == {16, 100, 900}
-    assert (lengths.low, lengths.high, lengths.mean) == (16, 900, pytest.approx(1016 / 3))
-    with pytest.raises(ValueError, match="at least one sample"):
-        SampledLengths(())

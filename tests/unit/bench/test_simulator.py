@@ -9,28 +9,23 @@ from typing import Any
 
 import pytest
 
-from builders import smollm2_profile
+from canned_profiles import smollm2_profile
+from slogate_admission import gate_machine
 from slogate_admission.decision import Decision, decide
 from slogate_admission.derivation import derive_thresholds, longest_prompt_within
 from slogate_admission.queueing import mm1_time_in_system
 from slogate_admission.schema import Policy, Thresholds
-from slogate_bench import simulator
-from slogate_bench.scenario import (
-    CountCap,
-    GateKind,
-    SampledLengths,
-    ServerModel,
-    SimulationResult,
-    TokenLengths,
-    Workload,
-    capacity_rps,
-    config_for_load,
-    mm1_config,
-)
+from slogate_bench.capacity import ServerModel, capacity_rps
+from slogate_bench.lengths import TokenLengths
+from slogate_bench.limits import CountCap
+from slogate_bench.preview import table
+from slogate_bench.scenario import GateKind, SimulationResult, config_for_load, mm1_config
+from slogate_bench.simulated_fronts import Direct, Gated, line_up
 from slogate_bench.simulator import simulate
-from slogate_bench.workloads import preset
+from slogate_bench.workloads import CHAT_OUTPUTS, CHAT_PROMPTS, Workload, preset
 from slogate_cli.arguments import OneLineParser
-from slogate_cli.simulate_command import add_parser, build_parser, share_over, table
+from slogate_cli.main import build_parser, main
+from slogate_cli.simulate_command import add_parser
 
 SLO_S = 2.0
 SERVER = ServerModel.from_profile(smollm2_profile())
@@ -45,9 +40,10 @@ def thresholds(**policy: object) -> Thresholds:
 
 def run(gate: GateKind, load: float, *, workload: Workload = CHAT, duration_s: float = 3600.0, seed: int = 7,
         policy: Thresholds | None = None, slo_s: float = SLO_S) -> SimulationResult:  # fmt: skip
+    t = policy or thresholds()
     config = config_for_load(
-        SERVER, workload, load=load, duration_s=duration_s, ttft_slo_s=slo_s, gate=gate,
-        thresholds=policy or thresholds(), count_cap=CountCap(4, 8), seed=seed,
+        SERVER, workload, load=load, duration_s=duration_s, ttft_slo_s=slo_s,
+        front=line_up(t, CountCap(4, 8))[gate], concurrency=t.concurrency_cap, seed=seed,
     )  # fmt: skip
     return simulate(config)
 
@@ -148,7 +144,8 @@ def test_the_gate_is_the_core_predicate(monkeypatch: pytest.MonkeyPatch) -> None
         calls.append(decision.predicted_ttft_s)
         return decision
 
-    monkeypatch.setattr(simulator, "decide", spy)
+    # The simulator drives the core's GateMachine (the sidecar's own): its decisions are decide's.
+    monkeypatch.setattr(gate_machine, "decide", spy)
     r = run("slogate", 2.0, duration_s=600.0)
     assert len(calls) >= r.offered  # every arrival was judged by decide (deferrals more than once)
 
@@ -165,16 +162,12 @@ def test_same_seed_same_result_and_another_seed_differs() -> None:
 @pytest.mark.parametrize(
     ("change", "fragment"),
     [
-        ({"gate": "slogate", "thresholds": None}, "needs thresholds"),
-        ({"gate": "count-cap"}, "needs a CountCap"),
         ({"arrival_rate_rps": 0.0}, "arrival_rate_rps"),
         ({"workload": Workload(TokenLengths.fixed(2000), TokenLengths.fixed(100))}, "beyond one slot"),
     ],
 )
 def test_bad_configurations_are_refused(change: dict[str, object], fragment: str) -> None:
-    base = config_for_load(
-        SERVER, CHAT, load=1.0, duration_s=10.0, ttft_slo_s=SLO_S, gate="none", thresholds=thresholds()
-    )
+    base = config_for_load(SERVER, CHAT, load=1.0, duration_s=10.0, ttft_slo_s=SLO_S, front=Gated(thresholds()))
     with pytest.raises(ValueError, match=fragment):
         dataclasses.replace(base, **change)  # type: ignore[arg-type]
 
@@ -185,7 +178,7 @@ def test_token_lengths_reject_an_empty_range() -> None:
 
 
 def test_the_ungated_server_queue_is_unbounded_and_abandoned_requests_cost_nothing_there() -> None:
-    config = config_for_load(SERVER, CHAT, load=4.0, duration_s=600.0, ttft_slo_s=SLO_S, gate="none", seed=3)
+    config = config_for_load(SERVER, CHAT, load=4.0, duration_s=600.0, ttft_slo_s=SLO_S, front=Direct(), seed=3)
     r = simulate(config)
     assert r.rejected == 0
     assert r.admitted == r.offered
@@ -203,9 +196,7 @@ def profile_file(tmp_path: Path) -> Path:
 
 
 def cli(*argv: str) -> int:
-    args = build_parser().parse_args(list(argv))
-    code: int = args.run(args)
-    return code
+    return main(["simulate", *argv])
 
 
 def test_cli_json_compares_gates_on_the_same_arrivals(profile_file: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -308,13 +299,13 @@ def test_add_parser_registers_simulate_like_the_dispatcher_does(
 
 
 def test_the_default_workload_is_the_benchmarks_chat_mix(profile_file: Path) -> None:
-    args = build_parser().parse_args(["--profile", str(profile_file), "--slo-ttft", "2"])
-    draws = preset("chat").draws(5000)
-    assert args.prompt_tokens == SampledLengths(tuple(n_in for n_in, _ in draws))
-    assert args.output_tokens == SampledLengths(tuple(n_out for _, n_out in draws))
-    assert build_parser().parse_args(["--profile", "p", "--prompt-tokens", "512"]).prompt_tokens == TokenLengths(
-        512, 512
-    )
+    args = build_parser().parse_args(["simulate", "--profile", str(profile_file), "--slo-ttft", "2"])
+    chat = preset("chat")
+    assert (args.prompt_tokens, args.output_tokens) == (chat.prompt_tokens, chat.output_tokens)
+    assert (chat.prompt_tokens, chat.output_tokens) == (CHAT_PROMPTS, CHAT_OUTPUTS)
+    assert build_parser().parse_args(
+        ["simulate", "--profile", "p", "--prompt-tokens", "512"]
+    ).prompt_tokens == TokenLengths(512, 512)
 
 
 def json_report(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[dict[str, Any], list[str]]:
@@ -337,10 +328,10 @@ def test_a_workload_whose_own_prefill_misses_the_slo_is_warned_with_its_share(
     ]
     assert report["warnings"] == [err[0].removeprefix("slogate simulate: warning: ")]
     assert {r["goodput_rps"] for r in report["runs"]} == {0.0}
-    # The chat mix at 2 s: the share of its draws over the longest prompt an idle server prefills in 2 s.
+    # The chat mix at 2 s: its share of prompts over the longest an idle server prefills in 2 s.
     report, err = json_report(capsys, "--profile", str(profile_file), "--slo-ttft", "2", "--gate", "none")
     longest = longest_prompt_within(SERVER.prefill, 2.0)
-    share = sum(1 for n, _ in preset("chat").draws(5000) if n > longest) / 5000
+    share = CHAT_PROMPTS.share_over(longest)
     assert 0 < share < 0.01
     assert err == [
         f"slogate simulate: warning: {share:.1%} of the workload's requests (prompts over {longest} tokens) need "
@@ -350,14 +341,6 @@ def test_a_workload_whose_own_prefill_misses_the_slo_is_warned_with_its_share(
     # A workload that fits on an idle server: no warning (the threshold is any request at all).
     report, err = json_report(capsys, "--profile", str(profile_file), "--slo-ttft", "2", "--prompt-tokens", "100-400")
     assert (err, report["warnings"]) == ([], [])
-
-
-def test_share_over_counts_the_lengths_beyond() -> None:
-    assert share_over(TokenLengths(100, 199), 149) == 0.5
-    assert share_over(TokenLengths(100, 199), 99) == 1.0
-    assert share_over(TokenLengths(100, 199), 199) == 0.0
-    assert share_over(TokenLengths.fixed(512), 511) == 1.0
-    assert share_over(SampledLengths((10, 20, 30, 40)), 25) == 0.5
 
 
 def test_slo_ttft_is_the_slo_of_classes_without_their_own_and_the_title_names_each(
@@ -391,7 +374,7 @@ def test_slogate_warns_of_prompts_beyond_a_budget_the_classes_above_cap(
         capsys, "--profile", str(profile_file), "--classes", "interactive:1:1,batch:10", "--gate", "slogate"
     )
     longest = longest_prompt_within(SERVER.prefill, 1.0)
-    share = sum(1 for n, _ in preset("chat").draws(5000) if n > longest) / 5000
+    share = CHAT_PROMPTS.share_over(longest)
     assert err == [
         f"slogate simulate: warning: slogate never admits {share:.1%} of the workload's requests (prompts over "
         f"{longest} tokens): the admit-now TTFT budget of class 'batch' is 1 s, capped by the classes above it"

@@ -1,16 +1,18 @@
-"""Pure parts of calibration: server args, prompt lengths, medians, prompts, outputs."""
+"""Pure parts of calibration: server args, prompt lengths, prompts, outputs, stored profiles."""
 
+import json
 from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
 
-from slogate_admission.schema import CalibrationProfile, PrefillPoint
-from slogate_calibration.measure import PromptMaker, median_points, prefill_lengths
+from slogate_admission.schema import CalibrationConfidence, CalibrationProfile, PrefillPoint
+from slogate_calibration.measure import PromptMaker, prefill_lengths
 from slogate_calibration.output import (
     TERMINATION_MESSAGE_LIMIT,
     compact_json,
     full_json,
+    summary_line,
     write_atomic,
 )
 from slogate_calibration.server_args import speed_settings
@@ -48,15 +50,6 @@ def test_prefill_lengths_reach_the_slot_context() -> None:
     assert prefill_lengths(2048) == [32, 128, 512, 1024, 2032]
     assert prefill_lengths(512) == [32, 128, 496]
     assert prefill_lengths(100) == [32, 84]
-
-
-def test_median_points_discard_one_disturbed_timing() -> None:
-    raw = [PrefillPoint(prompt_tokens=512, seconds=s) for s in (2.0, 2.1, 5.0)]
-    raw.append(PrefillPoint(prompt_tokens=32, seconds=0.1))
-    assert median_points(raw) == [
-        PrefillPoint(prompt_tokens=32, seconds=0.1),
-        PrefillPoint(prompt_tokens=512, seconds=2.1),
-    ]
 
 
 def test_prompt_maker_exact_lengths_and_distinct_prompts() -> None:
@@ -112,3 +105,72 @@ def test_compact_form_fits_a_termination_message() -> None:
     assert back.prefill.points == ()
     assert back.prefill.linear_s == profile.prefill.linear_s
     assert back.fingerprint == profile.fingerprint
+
+
+OLD_PROFILE = {
+    # Written by the version before repetition counts and the stated confidence (docs/bench/profile.json).
+    "schemaVersion": 1, "id": "q4_1-13b4aa9d-20261202T130929Z", "fingerprint": "13b4aa9d574e8379",
+    "measuredAt": "2026-12-02T13:09:29.560966Z",
+    "model": {"name": "Smollm2 135M 8k Lc100K Mix1 Ep2", "quantization": "Q4_1", "nLayers": 30, "nKvHeads": 3,
+              "headDim": 64, "fileBytes": 98362432},
+    "server": {"slots": 4, "ctxPerSlot": 2048, "threads": 2, "batchSize": None, "cacheTypeK": "f16",
+               "cacheTypeV": "f16"},
+    "prefill": {"form": "quadratic", "interceptS": 0.02050107506592544, "linearS": 0.004096695086893028,
+                "quadraticS": 8.464878722830305e-07, "rmsRelativeError": 0.05962316196319309,
+                "points": [{"promptTokens": 32, "seconds": 0.154474}, {"promptTokens": 128, "seconds": 0.5263335},
+                           {"promptTokens": 512, "seconds": 2.6265140000000002},
+                           {"promptTokens": 1024, "seconds": 4.8897215}, {"promptTokens": 2032, "seconds": 11.850318}]},
+    "decode": [{"streams": 1, "tokensPerSecond": 99.66371446403413}, {"streams": 2, "tokensPerSecond": 54.8343629352864},
+               {"streams": 3, "tokensPerSecond": 37.16866342412145}, {"streams": 4, "tokensPerSecond": 32.226911224342444}],
+    "kv": {"bytesPerToken": 23040.0, "capacityTokens": 8192, "perRequestMaxTokens": 2048},
+    "tokensPerChar": {"mean": 0.4979082175291483, "p95": 1.864864864864865, "max": 1.864864864864865, "samples": 14},
+    "fingerprintInputs": {"ctx_per_slot": "2048", "quantization": "Q4_1", "slots": "4", "threads": "2"},
+    "durationS": 73.26248229500015,
+}  # fmt: skip
+
+
+def test_a_profile_from_before_the_confidence_still_validates() -> None:
+    profile = CalibrationProfile.model_validate_json(json.dumps(OLD_PROFILE))
+    assert profile.confidence is None
+    assert all(p.timings is None and p.spread is None for p in profile.prefill.points)
+    assert all(d.timings is None and d.spread is None for d in profile.decode)
+    # Written again, it says nothing it did not measure: no invented counts or spreads.
+    again = json.loads(full_json(profile))
+    assert again["confidence"] is None
+    assert CalibrationProfile.model_validate(again) == profile
+
+
+def test_the_compact_form_keeps_the_confidence() -> None:
+    confident = _profile().model_copy(
+        update={
+            "confidence": CalibrationConfidence(
+                tolerance=0.03, prefill_reference_tokens=512, prefill_uncertainty=0.012,
+                decode_streams=4, decode_uncertainty=0.02, unsettled_prefill_tokens=(2032,),
+            )
+        }
+    )  # fmt: skip
+    back = CalibrationProfile.model_validate_json(compact_json(confident))
+    assert back.confidence == confident.confidence
+
+
+def test_the_summary_line_states_the_confidence() -> None:
+    points = [{"promptTokens": n, "seconds": n / 400, "timings": 3, "spread": 0.02} for n in (32, 128, 512, 1024)]
+    profile = _profile().model_copy(
+        update={
+            "prefill": _profile().prefill.model_copy(
+                update={"points": tuple(PrefillPoint.model_validate(p) for p in points)}
+            ),
+            "duration_s": 51.6,
+            "confidence": CalibrationConfidence(
+                tolerance=0.03, prefill_reference_tokens=512, prefill_uncertainty=0.0123,
+                decode_streams=4, decode_uncertainty=0.0081, unsettled_prefill_tokens=(1024,),
+                unsettled_decode_streams=(3,),
+            ),
+        }
+    )  # fmt: skip
+    assert summary_line(profile) == (
+        "q4_1-abc-20261202 in 52 s: prefill 400 tok/s ± 1.2% at 512-token prompts, decode 25 tok/s per stream "
+        "± 0.8% at B = 4 (± one standard error; above the 3% tolerance when repetitions ran out: "
+        "1024-token prompts, B = 3)"
+    )
+    assert summary_line(_profile()).endswith("no stated confidence (a profile from an older version)")

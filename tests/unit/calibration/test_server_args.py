@@ -16,7 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from slogate_calibration.server_args import SPEED_SETTINGS, speed_settings
-from slogate_calibration.server_flags import flag_table
+from slogate_llama.flags import flag_table
 
 # -- the reference: the hand-written reader speed_settings used to be ---------------------------------
 

@@ -12,7 +12,7 @@ from functools import cache
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from builders import NOW, smollm2_profile
+from canned_profiles import NOW, smollm2_profile
 from slogate_admission.decision import GateConfig, LiveState, Request, decide
 from slogate_admission.derivation import derive_thresholds
 from slogate_admission.schema import Policy

@@ -103,6 +103,18 @@ def test_promtool_fails_when_the_values_move_a_threshold(tmp_path: Path) -> None
             assert "(20% where the operator's figure is not scraped)" in report, name
 
 
+def test_one_template_writes_every_rule_from_a_dict_and_no_promql_is_printf_built() -> None:
+    """The design of _alerts.tpl: "slogate.alertRule" is the only place a rule is written,
+    fed one dict per alert; PromQL lives in multi-line "slogate.expr.*" templates."""
+    text = (CHART / "templates" / "_alerts.tpl").read_text()
+    assert text.count("- alert:") == 1
+    assert text.count('include "slogate.alertRule" (dict ') == len(ALERTS)
+    formats = re.findall(r'printf "((?:[^"\\]|\\.)*)"', text)
+    assert formats, "the pattern finds the printf formats"
+    promql = [f for f in formats if re.search(r"slogate_[a-z_]+|\b(rate|increase|sum by)\b", f)]
+    assert promql == []
+
+
 def test_every_alert_has_a_firing_and_a_quiet_case() -> None:
     alerts = set(alerts_by_name(rule_groups()))
     cases = unit_test_cases()

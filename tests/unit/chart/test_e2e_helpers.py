@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from chart_tools import REPO, load_values, one, render
 
-from builders import NOW, smollm2_profile
+from canned_profiles import NOW, smollm2_profile
 from slogate_admission.decision import GateConfig, LiveState, Request, decide
 from slogate_admission.derivation import derive_thresholds
 from slogate_admission.schema import Policy

@@ -65,7 +65,7 @@ def test_every_copied_path_exists_and_is_in_the_build_context() -> None:
             assert not any(fnmatch.fnmatch(source, pattern) for pattern in ignored), f"{source} is .dockerignored"
     # Every package the console script dispatches to is copied.
     copied = {source for *sources, _ in copies for source in sources}
-    assert {"admission", "calibration", "sidecar", "operator", "bench", "cli", "pyproject.toml"} <= copied
+    assert {"admission", "llama", "calibration", "sidecar", "operator", "bench", "cli", "pyproject.toml"} <= copied
 
 
 def test_the_entrypoint_needs_only_runtime_dependencies() -> None:

@@ -21,7 +21,7 @@ import kubernetes_validate
 import pytest
 from chart_tools import CHART, CI_VALUES, NAMESPACE, load_values, one, render
 
-from operator_harness import llama_deployment
+from manifests import llama_deployment
 from slogate_operator import names
 from slogate_operator.injection import SidecarConfig, injected_template, removed_template
 

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from chart_tools import CI_VALUES, load_values, render
 
-from operator_harness import llama_deployment
+from manifests import llama_deployment
 from slogate_operator import builders, names
 from slogate_operator.fingerprint import container_fingerprint, llama_container
 from slogate_operator.injection import SidecarConfig, injected_template

@@ -12,7 +12,7 @@ import aiohttp
 import pytest
 from rich.console import Console
 
-from builders import smollm2_profile
+from canned_profiles import smollm2_profile
 from fake_upstream import fake_upstream
 from ports import free_ports
 from sidecar_harness import thresholds_for

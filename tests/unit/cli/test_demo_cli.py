@@ -7,8 +7,8 @@ from typing import get_args
 
 from rich.console import Console
 
+from slogate_bench.demo import outcomes, table
 from slogate_bench.load import Outcome, Result, Run
-from slogate_cli.demo_command import outcome_counts, table
 
 OUTCOMES = ("within SLO", "served late", "rejected", "refused", "timed out", "errors")
 
@@ -31,7 +31,7 @@ def printed_rows(runs: dict[str, Run], slo_s: float) -> dict[str, dict[str, str]
 def test_every_outcome_the_load_generator_records_has_a_column() -> None:
     results = [Result(kind, 200, 0.5 if kind == "ok" else None, 1.0) for kind in get_args(Outcome)]
     results += [Result("ok", 200, 3.0, 4.0), Result("ok", 200, None, 1.0)]  # late; served without a token
-    counts = outcome_counts(Run(10.0, results), slo_s=2.0)
+    counts = outcomes(Run(10.0, results), slo_s=2.0)
     assert list(counts) == ["sent", *OUTCOMES]
     assert counts["sent"] == len(results)
     assert sum(counts[c] for c in OUTCOMES) == counts["sent"]

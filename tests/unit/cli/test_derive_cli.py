@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from builders import smollm2_profile
+from canned_profiles import smollm2_profile
 from slogate_admission.schema import Thresholds
 from slogate_cli.derive_command import parse_classes
 

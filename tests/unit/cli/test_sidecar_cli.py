@@ -1,21 +1,103 @@
-"""`slogate sidecar`: the access log (on by default, off with --no-access-log) and a
-client-port 404 for an admin path that says where that path is."""
+"""`slogate sidecar`: one flag per setting, defaulting to SidecarSettings' own (and the
+docs' flags table generated from them); the access log (on by default, off with
+--no-access-log) and a client-port 404 for an admin path that says where that path is."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import socket
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from builders import smollm2_profile
+from canned_profiles import smollm2_profile
 from fake_upstream import fake_upstream
 from sidecar_harness import sidecar_in_front_of, thresholds_for
 from slogate_cli.main import build_parser
-from slogate_cli.sidecar_command import settings_from
+from slogate_cli.sidecar_command import markdown_table, settings_from
+from slogate_sidecar.settings import PromptCounting, SidecarSettings
 
 ACCESS = "slogate.sidecar.access"
+BASE = ["sidecar", "--upstream", "http://127.0.0.1:8080"]
+DOCS = Path(__file__).resolve().parents[3] / "docs" / "sidecar.md"
+
+# flag and value -> the SidecarSettings field it sets and what it holds then (not its default).
+FLAGS: list[tuple[list[str], str, Any]] = [
+    (["--host", "0.0.0.0"], "host", "0.0.0.0"),
+    (["--port", "9001"], "port", 9001),
+    (["--admin-port", "9002"], "admin_port", 9002),
+    (["--thresholds", "/etc/t.json"], "thresholds_file", Path("/etc/t.json")),
+    (["--class-header", "X-Tier"], "class_header", "X-Tier"),
+    (["--prompt-counting", "estimate"], "prompt_counting", PromptCounting.ESTIMATE),
+    (["--max-body-bytes", "4096"], "max_body_bytes", 4096),
+    (["--max-output-tokens", "8192"], "max_output_tokens", 8192),
+    (["--upstream-connect-timeout", "0.5"], "upstream_connect_timeout_s", 0.5),
+    (["--upstream-read-timeout", "300"], "upstream_read_timeout_s", 300.0),
+    (["--client-read-timeout", "90"], "client_read_timeout_s", 90.0),
+    (["--poll-interval", "0.25"], "poll_interval_s", 0.25),
+    (["--rate-max-age", "120"], "rate_max_age_s", 120.0),
+    (["--expose-upstream-admin"], "expose_upstream_admin", True),
+    (["--no-access-log"], "access_log", False),
+]
+DEFAULTS = SidecarSettings(upstream="http://127.0.0.1:8080")
+
+
+def sidecar_parser() -> Any:
+    return build_parser()._subparsers._group_actions[0].choices["sidecar"]  # type: ignore[union-attr]
+
+
+def test_without_flags_the_settings_are_the_dataclass_defaults() -> None:
+    assert settings_from(build_parser().parse_args(BASE)) == DEFAULTS
+
+
+@pytest.mark.parametrize(("flag", "field", "expected"), FLAGS, ids=[f[0][0] for f in FLAGS])
+def test_each_flag_sets_its_field(flag: list[str], field: str, expected: Any) -> None:
+    assert getattr(DEFAULTS, field) != expected
+    assert getattr(settings_from(build_parser().parse_args([*BASE, *flag])), field) == expected
+
+
+def test_every_setting_has_a_flag(tmp_path: Path) -> None:
+    token, classes = tmp_path / "token", tmp_path / "classes.json"
+    token.write_text("t")
+    classes.write_text('{"k": "batch"}')
+    argv = [*BASE, "--admin-token-file", str(token), "--api-key-classes", str(classes)]
+    files = settings_from(build_parser().parse_args(argv))
+    assert (files.admin_token_file, files.api_key_classes) == (token, {"k": "batch"})
+    covered = {"upstream", "admin_token_file", "api_key_classes"} | {field for _, field, _ in FLAGS}
+    assert covered == {f.name for f in dataclasses.fields(SidecarSettings)}
+
+
+@pytest.mark.parametrize(
+    ("flag", "value", "says"),
+    [
+        ("--class-header", "X Tier", "not an HTTP header name: 'X Tier'"),
+        ("--class-header", "X-Tier:", "not an HTTP header name"),
+        ("--poll-interval", "0", "must be > 0, got 0"),
+        ("--rate-max-age", "-5", "must be > 0, got -5"),
+        ("--client-read-timeout", "soon", "not a number: 'soon'"),
+        ("--upstream-connect-timeout", "inf", "not a finite number"),
+        ("--max-output-tokens", "0", "must be >= 1, got 0"),
+    ],
+)
+def test_a_bad_value_is_one_line_on_stderr(
+    flag: str, value: str, says: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exited:
+        build_parser().parse_args([*BASE, flag, value])
+    assert exited.value.code == 2
+    (line,) = capsys.readouterr().err.splitlines()
+    assert flag in line
+    assert says in line
+
+
+def test_the_docs_flags_table_is_the_parsers() -> None:
+    table = markdown_table(sidecar_parser())
+    assert table in DOCS.read_text()
+    row = next(line for line in table.splitlines() if line.startswith("| `--rate-max-age` |"))
+    assert row.endswith(f"(default: {DEFAULTS.rate_max_age_s}) |")  # the dataclass's default
+    assert "| `--upstream` | llama-server base URL (same pod: http://127.0.0.1:8080) (required) |" in table
 
 
 def test_the_access_log_is_on_by_default_and_off_with_the_flag() -> None:

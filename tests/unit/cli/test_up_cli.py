@@ -9,8 +9,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from rich.console import Console
 
+from canned_profiles import NOW, smollm2_profile
 from ports import listening_port
+from slogate_admission.derivation import derive_thresholds
+from slogate_admission.schema import CalibrationProfile, Policy, Thresholds
+from slogate_bench import profile_cache
 from slogate_cli import up_command
 from slogate_cli.main import main
 
@@ -106,3 +111,57 @@ def test_the_sidecar_names_the_flag_of_a_taken_port(taken_port: int) -> None:
         f"slogate sidecar: error: --admin-port {taken_port}: cannot listen on 127.0.0.1:{taken_port}: "
         "Address already in use"
     ]
+
+
+def test_the_thresholds_table_shows_how_each_l_max_is_derived() -> None:
+    """Issue 12.7: `L_max 4 | λ 0.25 x W_max 9.5 s` multiplied to 2.35 with no step shown."""
+    policy = Policy.model_validate(
+        {
+            "concurrency": {"max": 4},
+            "classes": [
+                {"name": "interactive", "ttftSeconds": 1.0, "reservedSlots": 1},
+                {"name": "batch", "ttftSeconds": 10},
+            ],
+        }
+    )
+    t = derive_thresholds(policy, smollm2_profile(), derived_at=NOW)
+    console = Console(width=220, record=True)
+    console.print(up_command.thresholds_table(smollm2_profile(), t))
+    text = console.export_text()
+    batch = t.classes[1]
+    assert batch.l_max > 3
+    assert (
+        f"cap 3 + ⌊μ {t.throughput_rps:.2f}/s x W {batch.deferral_wait_seconds:.1f} s⌋ = 3 + {batch.l_max - 3}" in text
+    )
+    row = next(line for line in text.splitlines() if "L_max batch" in line)
+    assert f" {batch.l_max} " in row
+
+
+def test_up_uses_a_cached_profile_only_for_the_servers_fingerprint(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`up`, `demo`, the benchmarks and the soak share one cache lookup (slogate_bench.profile_cache)."""
+    fingerprint, calibrations = "f" * 16, []
+
+    async def identify_server(_settings: object) -> object:
+        return type("Identity", (), {"fingerprint": fingerprint})()
+
+    async def calibrate(_settings: object, _hooks: object) -> CalibrationProfile:
+        calibrations.append(1)
+        return smollm2_profile(id="cal-fresh", durationS=61)
+
+    monkeypatch.setattr(profile_cache, "identify_server", identify_server)
+    monkeypatch.setattr(profile_cache, "calibrate", calibrate)
+    cache = tmp_path / "profiles" / f"{fingerprint}.json"
+    cache.parent.mkdir()
+    cache.write_text(smollm2_profile(id="cal-other-server", fingerprint="0" * 16).model_dump_json(by_alias=True))
+    argv = ["--once", "--upstream", "http://127.0.0.1:9", "--state-dir", str(tmp_path)]
+    code, lines = up(capsys, *argv)
+    assert code == 0
+    said = " ".join(" ".join(lines).split())  # rich wraps long lines at the terminal's width
+    assert f"calibrating (fingerprint {fingerprint}, budget 90 s): no usable profile for it in {cache.parent}" in said
+    assert f"calibrated cal-fresh in 61 s, cached at {cache}" in said
+    assert Thresholds.model_validate_json((tmp_path / "thresholds.json").read_text()).calibration_id == "cal-fresh"
+    code, lines = up(capsys, *argv)
+    assert (code, calibrations) == (0, [1])
+    assert f"using cached profile cal-fresh (fingerprint {fingerprint})" in " ".join(" ".join(lines).split())

@@ -1,4 +1,4 @@
-"""Fixtures of the operator tests: a kmock cluster, and the real operator against it."""
+"""Fixtures of the operator tests: an emulated cluster, and the real operator against it."""
 
 from __future__ import annotations
 
@@ -7,7 +7,15 @@ from collections.abc import Iterator
 import pytest
 from kopf.testing import KopfRunner
 
-from operator_harness import Cluster, running_operator
+from emulated_cluster import Cluster
+from kopf_thread import MARKER, only_when_marked, running_operator
+
+
+@pytest.fixture(autouse=True)
+def kopf_thread_only_when_marked(request: pytest.FixtureRequest) -> Iterator[None]:
+    """A test that runs kopf in a thread and is not marked ``kopf_thread`` fails."""
+    with only_when_marked(request.node.nodeid, request.node.get_closest_marker(MARKER) is not None):
+        yield
 
 
 @pytest.fixture

@@ -6,23 +6,15 @@ from typing import Any
 
 import jsonschema
 
-from builders import smollm2_profile
-from operator_harness import (
-    CONFIGMAPS,
-    DEPLOYMENTS,
-    EVENTS,
-    POLICIES,
-    SCHEMA,
-    Cluster,
-    admission_policy,
-    condition,
-    eventually,
-    job_names,
-    llama_deployment,
-)
+from canned_profiles import smollm2_profile
+from emulated_cluster import CONFIGMAPS, DEPLOYMENTS, EVENTS, POLICIES, Cluster
+from manifests import admission_policy, condition, llama_deployment
+from polling import eventually
+from project_files import SCHEMA
 from slogate_admission.schema import CalibrationProfile, Thresholds
 from slogate_calibration.output import compact_json
 from slogate_operator import names
+from workload_controllers import complete_job, job_names
 
 ARGS_T1 = ["-m", "/model/SmolLM2-135M-Instruct.Q4_1.gguf", "--host", "0.0.0.0", "--port", "8080",
            "-t", "1", "-np", "4", "-c", "8192", "--metrics"]  # fmt: skip
@@ -58,7 +50,7 @@ def apply_and_calibrate(cluster: Cluster, profile: CalibrationProfile | None = N
     cluster.create(DEPLOYMENTS, llama_deployment())
     cluster.create(POLICIES, admission_policy(**spec))
     (job,) = eventually(lambda: job_names(cluster), what="a calibration Job")
-    cluster.complete_job(job, compact_json(profile or smollm2_profile()))
+    complete_job(cluster, job, compact_json(profile or smollm2_profile()))
     eventually(lambda: status_of(cluster, "Ready") == "True", what="Ready")
     return job
 

@@ -15,21 +15,13 @@ import aiohttp
 import pytest
 from kopf.testing import KopfRunner
 
+from emulated_cluster import DEPLOYMENTS, JOBS, NS, PODS, POLICIES, ApiError, Cluster
+from kopf_thread import settle
 from kube_defaults import check_go_defaults, schema_defaults
-from operator_harness import (
-    DEPLOYMENTS,
-    JOBS,
-    NS,
-    PODS,
-    POLICIES,
-    ApiError,
-    Cluster,
-    Fault,
-    admission_policy,
-    eventually,
-    llama_deployment,
-    settle,
-)
+from kube_faults import Fault
+from manifests import admission_policy, llama_deployment
+from polling import eventually
+from workload_controllers import write_deployment_status
 
 OPERATOR = "slogate-operator/0.1"
 LOOPBACK_ARGS = ["-m", "/model/m.gguf", "--host", "127.0.0.1", "--port", "8080"]
@@ -196,6 +188,7 @@ def test_an_operator_call_outside_its_rbac_is_forbidden_one_inside_is_served(clu
     cluster.delete(DEPLOYMENTS, "smollm2")
 
 
+@pytest.mark.kopf_thread
 def test_a_conflicting_deployment_patch_is_reread_within_the_operators_rbac(
     cluster: Cluster, operator: KopfRunner
 ) -> None:
@@ -238,7 +231,7 @@ def test_a_status_write_is_a_watch_event_without_a_new_generation(cluster: Clust
     watch = Watch(cluster, DEPLOYMENTS.format(ns=NS) + "?watch=true")
     watches.append(watch)
     eventually(lambda: watch.seen() == [("ADDED", "smollm2")])
-    written = cluster.write_deployment_status("smollm2", ready_replicas=1)
+    written = write_deployment_status(cluster, "smollm2", ready_replicas=1)
     event = eventually(lambda: len(watch.events) == 2 and watch.events[1])
     assert event["type"] == "MODIFIED"
     assert event["object"]["status"]["readyReplicas"] == 1

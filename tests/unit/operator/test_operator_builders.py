@@ -11,7 +11,7 @@ import jsonpatch
 import kubernetes_validate
 import pytest
 
-from operator_harness import llama_deployment
+from manifests import llama_deployment
 from slogate_cli.main import build_parser
 from slogate_operator import builders, names
 from slogate_operator.fingerprint import container_fingerprint, llama_container

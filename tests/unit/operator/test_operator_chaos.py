@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
+import pytest
 from operator_flows import (
     ARGS_T1,
     apply_and_calibrate,
@@ -26,27 +27,20 @@ from operator_flows import (
     thresholds_in,
 )
 
-from builders import smollm2_profile
-from operator_harness import (
-    DEPLOYMENTS,
-    JOBS,
-    POLICIES,
-    Cluster,
-    Fault,
-    RandomFaults,
-    admission_policy,
-    condition,
-    eventually,
-    job_names,
-    llama_deployment,
-    running_operator,
-    settle,
-)
+from canned_profiles import smollm2_profile
+from emulated_cluster import DEPLOYMENTS, JOBS, POLICIES, Cluster
+from kopf_thread import running_operator, settle
+from kube_faults import Fault, RandomFaults
+from manifests import admission_policy, condition, llama_deployment
+from polling import eventually
 from slogate_admission.derivation import derive_thresholds
 from slogate_admission.schema import CalibrationProfile, Thresholds
 from slogate_calibration.output import compact_json
 from slogate_operator import names
 from slogate_operator.spec import parse_spec
+from workload_controllers import complete_job, fail_job, job_names
+
+pytestmark = pytest.mark.kopf_thread  # runs the real operator in a thread
 
 SHARE = 0.2
 """A fifth of the calls fail: enough that most passes meet at least one fault."""
@@ -101,7 +95,7 @@ def test_a_whole_lifecycle_converges_under_random_api_faults(cluster: Cluster) -
         cluster.create(DEPLOYMENTS, llama_deployment())
         cluster.create(POLICIES, admission_policy())
         first = current_job(cluster)
-        cluster.complete_job(first, compact_json(first_profile))
+        complete_job(cluster, first, compact_json(first_profile))
         first_thresholds = eventually(lambda: in_force(cluster, first_profile.id), what="the first thresholds")
         eventually(lambda: status_of(cluster, "Ready") == "True", what="Ready after the first calibration")
         assert first_thresholds == expected_thresholds(cluster, first_profile, first_thresholds)
@@ -109,7 +103,7 @@ def test_a_whole_lifecycle_converges_under_random_api_faults(cluster: Cluster) -
         roll_out(cluster, ARGS_T1)
         second = eventually(lambda: (job := current_job(cluster)) != first and job, what="the rollout's Job")
         assert thresholds_in(cluster) == first_thresholds  # in force until the new calibration completes
-        cluster.complete_job(second, compact_json(second_profile))
+        complete_job(cluster, second, compact_json(second_profile))
         second_thresholds = eventually(lambda: in_force(cluster, second_profile.id), what="the rollout's thresholds")
         eventually(lambda: status_of(cluster, "Ready") == "True", what="Ready after the rollout")
         settle("smollm2", more=3)  # converged: further passes change nothing
@@ -169,7 +163,7 @@ def test_an_operator_killed_after_creating_a_job_restarts_without_a_duplicate_or
         assert condition(policy(cluster), "Calibrated")["reason"] == "Calibrating"
 
         said = "slogate calibrate: error: llama-server answered 503 in stage 'prefill'"
-        cluster.fail_job(second, said)
+        fail_job(cluster, second, said)
         degraded: dict[str, Any] = eventually(
             lambda: (c := condition(policy(cluster), "Degraded")).get("status") == "True" and c,
             what="Degraded after the failed calibration",
@@ -184,7 +178,7 @@ def test_an_operator_killed_after_creating_a_job_restarts_without_a_duplicate_or
         eventually(lambda: job_creates(cluster) == [first, second, second], what="the retry's Job")
         assert thresholds_in(cluster) == old
         newer = slower(smollm2_profile(), 2.0, "cal-after-restart")
-        cluster.complete_job(second, compact_json(newer))
+        complete_job(cluster, second, compact_json(newer))
         new = eventually(lambda: in_force(cluster, newer.id), what="the retry's thresholds")
         eventually(lambda: status_of(cluster, "Ready") == "True", what="Ready after the retry")
         settle("smollm2", more=3)

@@ -10,7 +10,10 @@ import subprocess
 import sys
 import urllib.request
 
-from operator_harness import DEPLOYMENTS, POLICIES, Cluster, admission_policy, eventually, job_names, llama_deployment
+from emulated_cluster import DEPLOYMENTS, POLICIES, Cluster
+from manifests import admission_policy, llama_deployment
+from polling import eventually
+from workload_controllers import job_names
 
 
 def free_port() -> int:

@@ -23,22 +23,18 @@ import aiohttp.web
 import pytest
 from operator_flows import apply_and_calibrate, status_of
 
-from builders import smollm2_profile
-from operator_harness import (
-    DEPLOYMENTS,
-    POLICIES,
-    ROOT,
-    Cluster,
-    admission_policy,
-    eventually,
-    job_names,
-    llama_deployment,
-    passes,
-    running_operator,
-)
+from canned_profiles import smollm2_profile
+from emulated_cluster import DEPLOYMENTS, POLICIES, Cluster
+from kopf_thread import passes, running_operator
+from manifests import admission_policy, llama_deployment
+from polling import eventually
 from ports import free_ports
+from project_files import ROOT
 from slogate_calibration.output import compact_json
 from slogate_operator import names
+from workload_controllers import complete_job, job_names, run_pods, write_deployment_status
+
+pytestmark = pytest.mark.kopf_thread  # runs the real operator in a thread
 
 DOC = ROOT / "docs" / "operator.md"
 BEGIN, END = "<!-- operator-cost:begin -->", "<!-- operator-cost:end -->"
@@ -120,9 +116,9 @@ def measure(cluster: Cluster, name: str, pods: int) -> tuple[Counter[tuple[str, 
         cluster.create(DEPLOYMENTS, llama_deployment(name))
         cluster.create(POLICIES, admission_policy(name, sidecar={"adminPort": fleet.port}))
         (job,) = eventually(lambda: [j for j in job_names(cluster) if j.startswith(f"{name}-cal-")])
-        cluster.complete_job(job, compact_json(smollm2_profile()))
+        complete_job(cluster, job, compact_json(smollm2_profile()))
         eventually(lambda: status_of(cluster, "Ready", name) == "True", what=f"{name} Ready")
-        cluster.run_pods(name, fleet.ips)
+        run_pods(cluster, name, fleet.ips)
         eventually(lambda: (cluster.get(POLICIES, name).get("status") or {}).get("pushed") == f"{pods}/{pods}")
         quiet(cluster)
         fleet.requests.clear()
@@ -160,7 +156,7 @@ def test_a_status_write_wakes_no_policy_and_a_change_wakes_only_its_own(cluster:
     quiet(cluster)
     alpha, beta = passes("alpha"), passes("beta")
     for _ in range(5):  # the Deployment controller, every few seconds on a real cluster
-        cluster.write_deployment_status("alpha")
+        write_deployment_status(cluster, "alpha")
     quiet(cluster)
     assert (passes("alpha"), passes("beta")) == (alpha, beta)
     cluster.patch(DEPLOYMENTS, "alpha", {"metadata": {"labels": {"team": "ml"}}})
@@ -175,7 +171,7 @@ def test_pushes_to_frozen_sidecars_never_hold_the_pass(cluster: Cluster) -> None
     try:
         with running_operator(cluster, PUSH_TIMEOUT_SECONDS="60", **QUIET):
             first = apply_and_calibrate(cluster, sidecar={"adminPort": fleet.port})
-            cluster.run_pods("smollm2", fleet.ips)
+            run_pods(cluster, "smollm2", fleet.ips)
             eventually(lambda: fleet.open >= 16, what=f"a push round under way (16 at once): {fleet.requests}")
             containers = cluster.get(DEPLOYMENTS, "smollm2")["spec"]["template"]["spec"]["containers"]
             containers[0]["args"] = [*containers[0]["args"], "-b", "512"]

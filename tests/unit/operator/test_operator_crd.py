@@ -23,8 +23,8 @@ import pytest
 import yaml
 from pydantic import BaseModel
 
-from builders import NOW, smollm2_profile
-from operator_harness import CRD, SCHEMA
+from canned_profiles import NOW, smollm2_profile
+from project_files import CRD, SCHEMA
 from slogate_admission.derivation import derive_thresholds
 from slogate_admission.schema import Policy
 from slogate_operator.spec import OperatorSpec, SpecError, parse_spec

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from operator_harness import ROOT
+from project_files import ROOT
 from slogate_operator import rbac, settings
 
 DOC = (ROOT / "docs" / "operator.md").read_text()

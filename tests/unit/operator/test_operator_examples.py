@@ -14,19 +14,14 @@ import yaml
 from kopf.testing import KopfRunner
 from operator_flows import policy, slower, status_of, thresholds_in
 
-from builders import smollm2_profile
-from operator_harness import (
-    DEPLOYMENTS,
-    POLICIES,
-    ROOT,
-    Cluster,
-    condition,
-    eventually,
-    job_names,
-    llama_deployment,
-)
+from canned_profiles import smollm2_profile
+from emulated_cluster import DEPLOYMENTS, POLICIES, Cluster
+from manifests import condition, llama_deployment
+from polling import eventually
+from project_files import ROOT
 from slogate_calibration.output import compact_json
 from slogate_operator import names
+from workload_controllers import complete_job, job_names
 
 EXAMPLES = sorted((ROOT / "examples").glob("*.yaml"))
 COLLECTIONS = {
@@ -60,6 +55,7 @@ def without_status(deployment: dict[str, Any]) -> dict[str, Any]:
     return copy.deepcopy(deployment["spec"]["template"])
 
 
+@pytest.mark.kopf_thread
 @pytest.mark.parametrize("path", EXAMPLES, ids=[p.name for p in EXAMPLES])
 def test_every_example_goes_through_its_lifecycle(path: Path, cluster: Cluster, operator: KopfRunner) -> None:
     docs = documents(path)
@@ -79,7 +75,7 @@ def test_every_example_goes_through_its_lifecycle(path: Path, cluster: Cluster, 
         deployment = cluster.get(DEPLOYMENTS, target)
         assert deployment["metadata"]["annotations"][names.ANNOTATION_CLAIM] == name
         assert without_status(deployment) == before[target]
-    cluster.complete_job(job, compact_json(smollm2_profile()))
+    complete_job(cluster, job, compact_json(smollm2_profile()))
     eventually(lambda: status_of(cluster, "Ready", name) == "True", what=f"{path.name}: Ready")
     for target in targets:
         containers = [c["name"] for c in cluster.get(DEPLOYMENTS, target)["spec"]["template"]["spec"]["containers"]]
@@ -95,7 +91,7 @@ def test_every_example_goes_through_its_lifecycle(path: Path, cluster: Cluster, 
         )
     if on_rollout:
         second = eventually(lambda: [j for j in job_names(cluster) if j != job], what="a second Job")[0]
-        cluster.complete_job(second, compact_json(slower(smollm2_profile(), 2.0, "cal-one-cpu")))
+        complete_job(cluster, second, compact_json(slower(smollm2_profile(), 2.0, "cal-one-cpu")))
         eventually(lambda: (t := thresholds_in(cluster, name)) is not None and t.calibration_id == "cal-one-cpu")
         eventually(lambda: status_of(cluster, "Ready", name) == "True")
     else:

@@ -20,22 +20,16 @@ from operator_flows import (
     thresholds_in,
 )
 
-from builders import smollm2_profile
-from operator_harness import (
-    DEPLOYMENTS,
-    JOBS,
-    POLICIES,
-    Cluster,
-    Fault,
-    admission_policy,
-    condition,
-    eventually,
-    job_names,
-    llama_deployment,
-    running_operator,
-    settle,
-)
+from canned_profiles import smollm2_profile
+from emulated_cluster import DEPLOYMENTS, JOBS, POLICIES, Cluster
+from kopf_thread import running_operator, settle
+from kube_faults import Fault
+from manifests import admission_policy, condition, llama_deployment
+from polling import eventually
 from slogate_calibration.output import compact_json
+from workload_controllers import complete_job, fail_job, job_names, run_pods
+
+pytestmark = pytest.mark.kopf_thread  # runs the real operator in a thread
 
 # ------------------------------------------------------------------------------ failures are visible
 
@@ -48,7 +42,7 @@ def test_a_failed_calibration_keeps_the_last_thresholds_warns_and_retries(
     roll_out(cluster, ARGS_T1)
     job = current_job(cluster)
     said = "slogate calibrate: error: calibration exceeded its 90 s budget in stage 'decode'"
-    cluster.fail_job(job, said)
+    fail_job(cluster, job, said)
     degraded = eventually(
         lambda: (c := condition(cluster.get(POLICIES, "smollm2"), "Degraded")).get("status") == "True" and c
     )
@@ -66,7 +60,7 @@ def test_a_failed_calibration_keeps_the_last_thresholds_warns_and_retries(
     assert retried is not None
     assert not (retried.get("status") or {}).get("conditions")
     assert policy(cluster)["status"]["calibrating"]["attempts"] == 1
-    cluster.complete_job(job, compact_json(slower(smollm2_profile(), 2.0, "cal-retried")))
+    complete_job(cluster, job, compact_json(slower(smollm2_profile(), 2.0, "cal-retried")))
     eventually(lambda: status_of(cluster, "Ready") == "True")
     assert status_of(cluster, "Degraded") == "False"
     assert thresholds_in(cluster).calibration_id == "cal-retried"
@@ -76,7 +70,7 @@ def test_a_calibration_past_its_deadline_is_timed_out(cluster: Cluster, operator
     cluster.create(DEPLOYMENTS, llama_deployment())
     cluster.create(POLICIES, admission_policy())
     (job,) = eventually(lambda: job_names(cluster))
-    cluster.fail_job(job, "", reason="DeadlineExceeded")  # Kubernetes enforced activeDeadlineSeconds
+    fail_job(cluster, job, "", reason="DeadlineExceeded")  # Kubernetes enforced activeDeadlineSeconds
     degraded = eventually(
         lambda: (c := condition(cluster.get(POLICIES, "smollm2"), "Degraded")).get("status") == "True" and c
     )
@@ -104,7 +98,7 @@ def test_a_result_that_is_no_profile_is_a_failure_too(cluster: Cluster, operator
     cluster.create(DEPLOYMENTS, llama_deployment())
     cluster.create(POLICIES, admission_policy())
     (job,) = eventually(lambda: job_names(cluster))
-    cluster.complete_job(job, json.dumps({"id": "truncated"}))
+    complete_job(cluster, job, json.dumps({"id": "truncated"}))
     degraded = eventually(
         lambda: (c := condition(cluster.get(POLICIES, "smollm2"), "Degraded")).get("status") == "True" and c
     )
@@ -138,13 +132,13 @@ def test_a_restarted_operator_finds_the_running_calibration(cluster: Cluster) ->
         settle("smollm2", more=3)
         assert job_names(cluster) == [job]
         assert len(cluster.calls("POST", "jobs")) == 1  # never a duplicate
-        cluster.complete_job(job, compact_json(smollm2_profile()))
+        complete_job(cluster, job, compact_json(smollm2_profile()))
         eventually(lambda: status_of(cluster, "Ready") == "True")
 
 
 def test_pushes_that_fail_are_visible(cluster: Cluster, operator: KopfRunner) -> None:
     apply_and_calibrate(cluster, sidecar={"adminPort": 9})  # nothing listens on port 9
-    cluster.run_pods("smollm2", ["127.0.0.1"])
+    run_pods(cluster, "smollm2", ["127.0.0.1"])
     # Pushes run beside the pass: first "under way", then the reason the attempts met.
     found = eventually(
         lambda: (
@@ -206,7 +200,7 @@ def test_api_conflicts_and_errors_are_retried(cluster: Cluster, operator: KopfRu
     cluster.create(DEPLOYMENTS, llama_deployment())
     cluster.create(POLICIES, admission_policy())
     (job,) = eventually(lambda: job_names(cluster), what="a Job despite the errors")
-    cluster.complete_job(job, compact_json(smollm2_profile()))
+    complete_job(cluster, job, compact_json(smollm2_profile()))
     eventually(lambda: len(cluster.get(DEPLOYMENTS, "smollm2")["spec"]["template"]["spec"]["containers"]) == 2)
     assert all(f.times == 0 for f in cluster.emulator.faults)  # every fault was met
     eventually(lambda: status_of(cluster, "Ready") == "True")

@@ -10,9 +10,9 @@ from typing import Any
 
 import pytest
 
-from operator_harness import llama_deployment
+from manifests import llama_deployment
 from slogate_calibration.server_args import SPEED_SETTINGS, speed_settings
-from slogate_calibration.server_flags import flag_table, read_settings
+from slogate_llama.flags import flag_table, read_settings
 from slogate_operator.fingerprint import (
     NOT_FINGERPRINTED,
     ContainerNotFoundError,

@@ -12,18 +12,12 @@ from collections.abc import Iterator
 
 import pytest
 
-from builders import smollm2_profile
-from operator_harness import (
-    DEPLOYMENTS,
-    POLICIES,
-    Cluster,
-    admission_policy,
-    condition,
-    eventually,
-    job_names,
-    llama_deployment,
-)
+from canned_profiles import smollm2_profile
+from emulated_cluster import DEPLOYMENTS, POLICIES, Cluster
+from manifests import admission_policy, condition, llama_deployment
+from polling import eventually
 from slogate_calibration.output import compact_json
+from workload_controllers import complete_job, job_names
 
 PEERING = "/apis/kopf.dev/v1/clusterkopfpeerings/slogate"
 
@@ -94,7 +88,7 @@ def test_one_replica_acts_the_other_waits_then_takes_over(cluster: Cluster) -> N
         # The active replica dies without a goodbye; the standby's peer record outlives it by the lifetime.
         active.stop(signal.SIGKILL)
         eventually(lambda: standby.said("Resuming operations"), what="the standby resuming")
-        cluster.complete_job(job, compact_json(smollm2_profile()))
+        complete_job(cluster, job, compact_json(smollm2_profile()))
         eventually(lambda: condition(cluster.get(POLICIES, "smollm2"), "Ready").get("status") == "True")
         assert standby.said("calibration smollm2-cal-")  # it read the Job the other one started
         assert job_names(cluster) == [job]

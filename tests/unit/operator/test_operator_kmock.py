@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
+import pytest
 from kopf.testing import KopfRunner
 from operator_flows import (
     ARGS_T1,
@@ -20,26 +21,19 @@ from operator_flows import (
     thresholds_in,
 )
 
-from builders import smollm2_profile
-from operator_harness import (
-    CONFIGMAPS,
-    DEPLOYMENTS,
-    EVENTS,
-    POLICIES,
-    SECRETS,
-    Cluster,
-    admission_policy,
-    condition,
-    eventually,
-    job_names,
-    llama_deployment,
-    settle,
-)
+from canned_profiles import smollm2_profile
+from emulated_cluster import CONFIGMAPS, DEPLOYMENTS, EVENTS, POLICIES, SECRETS, Cluster
+from kopf_thread import settle
+from manifests import admission_policy, condition, llama_deployment
+from polling import eventually
 from slogate_admission.derivation import derive_thresholds
 from slogate_admission.schema import CalibrationProfile
 from slogate_calibration.output import compact_json
 from slogate_operator import names, rbac
 from slogate_operator.spec import parse_spec
+from workload_controllers import complete_job, fail_job, job_names
+
+pytestmark = pytest.mark.kopf_thread  # runs the real operator in a thread
 
 # ------------------------------------------------------------------------------ the main path
 
@@ -64,7 +58,7 @@ def test_apply_claims_the_target_and_starts_one_calibration_before_injecting(
     assert_status_fits_the_crd(found)
     assert {e["reason"] for e in cluster.list(EVENTS)} >= {"CalibrationStarted"}
     assert len(cluster.calls("POST", "jobs")) == 1
-    cluster.complete_job(job, compact_json(smollm2_profile()))
+    complete_job(cluster, job, compact_json(smollm2_profile()))
     eventually(lambda: len(cluster.get(DEPLOYMENTS, "smollm2")["spec"]["template"]["spec"]["containers"]) == 2)
     eventually(lambda: {e["reason"] for e in cluster.list(EVENTS)} >= {"SidecarInjected"})
 
@@ -113,7 +107,7 @@ def test_a_new_quantization_or_thread_count_recalibrates_a_label_does_not(
     eventually(lambda: condition(cluster.get(POLICIES, "smollm2"), "Calibrated").get("reason") == "Calibrating")
     assert thresholds_in(cluster) == old
     assert policy(cluster)["status"]["thresholds"]["calibrationId"] == "cal-test"
-    cluster.complete_job(second, compact_json(slower(smollm2_profile(), 2.0, "cal-one-thread")))
+    complete_job(cluster, second, compact_json(slower(smollm2_profile(), 2.0, "cal-one-thread")))
     new = eventually(lambda: (t := thresholds_in(cluster)) and t.calibration_id == "cal-one-thread" and t)
     # Half the prefill speed: about half the queued tokens fit in the same TTFT budget.
     assert new.classes[0].token_budget < 0.6 * old.classes[0].token_budget
@@ -135,7 +129,7 @@ def test_without_on_rollout_only_the_annotation_recalibrates(cluster: Cluster, o
     cluster.patch(POLICIES, "smollm2", {"metadata": {"annotations": {names.ANNOTATION_RECALIBRATE: "now"}}})
     second = current_job(cluster)
     assert second != first
-    cluster.complete_job(second, compact_json(slower(smollm2_profile(), 2.0, "cal-asked-for")))
+    complete_job(cluster, second, compact_json(slower(smollm2_profile(), 2.0, "cal-asked-for")))
     eventually(lambda: status_of(cluster, "Calibrated") == "True")
     assert thresholds_in(cluster).calibration_id == "cal-asked-for"
 
@@ -145,7 +139,7 @@ def test_an_slo_the_server_cannot_meet_is_degraded(cluster: Cluster, operator: K
     # 10 ms is below the measured fixed prefill cost (20 ms): no request could ever be admitted.
     cluster.create(POLICIES, admission_policy(slo={"ttftSeconds": 0.01}))
     (job,) = eventually(lambda: job_names(cluster))
-    cluster.complete_job(job, compact_json(smollm2_profile()))
+    complete_job(cluster, job, compact_json(smollm2_profile()))
     degraded = eventually(
         lambda: (c := condition(cluster.get(POLICIES, "smollm2"), "Degraded")).get("status") == "True" and c
     )
@@ -214,7 +208,7 @@ def test_a_selector_gates_every_matching_deployment_and_lets_go_of_others(
     cluster.create(POLICIES, {**admission_policy("zones"), "spec": {"selector": {"matchLabels": {"model": "smollm2"}},
                                                                      "slo": {"ttftSeconds": 2}}})  # fmt: skip
     (job,) = eventually(lambda: job_names(cluster))  # same container: one calibration for both
-    cluster.complete_job(job, compact_json(smollm2_profile()))
+    complete_job(cluster, job, compact_json(smollm2_profile()))
     for name in ("zone-a", "zone-b"):
         eventually(lambda n=name: len(cluster.get(DEPLOYMENTS, n)["spec"]["template"]["spec"]["containers"]) == 2)
     eventually(lambda: status_of(cluster, "Ready", "zones") == "True")
@@ -234,7 +228,7 @@ def test_a_selector_gates_every_matching_deployment_and_lets_go_of_others(
 def test_every_api_call_is_in_the_documented_rbac(cluster: Cluster, operator: KopfRunner) -> None:
     apply_and_calibrate(cluster)
     roll_out(cluster, ARGS_T1)
-    cluster.fail_job(current_job(cluster), "boom")
+    fail_job(cluster, current_job(cluster), "boom")
     eventually(lambda: len(cluster.calls("POST", "jobs")) == 3, what="retry after a delete")
     cluster.delete(POLICIES, "smollm2")
     eventually(lambda: cluster.get(POLICIES, "smollm2") is None)

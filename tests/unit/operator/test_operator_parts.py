@@ -9,8 +9,8 @@ from typing import Any
 import jsonschema
 import pytest
 
-from builders import smollm2_profile
-from operator_harness import SCHEMA
+from canned_profiles import smollm2_profile
+from project_files import SCHEMA
 from slogate_admission.derivation import derive_thresholds
 from slogate_admission.schema import Policy
 from slogate_calibration.output import compact_json

@@ -10,28 +10,21 @@ from __future__ import annotations
 import base64
 from typing import Any
 
+import pytest
 from kopf.testing import KopfRunner
 from operator_flows import apply_and_calibrate, events, policy, status_of, thresholds_in
 
-from builders import smollm2_profile
-from operator_harness import (
-    CONFIGMAPS,
-    DEPLOYMENTS,
-    JOBS,
-    NS,
-    POLICIES,
-    SECRETS,
-    Cluster,
-    Fault,
-    admission_policy,
-    condition,
-    eventually,
-    job_names,
-    llama_deployment,
-    settle,
-)
+from canned_profiles import smollm2_profile
+from emulated_cluster import CONFIGMAPS, DEPLOYMENTS, JOBS, NS, POLICIES, SECRETS, Cluster
+from kopf_thread import settle
+from kube_faults import Fault
+from manifests import admission_policy, condition, llama_deployment
+from polling import eventually
 from slogate_calibration.output import compact_json
 from slogate_operator import metrics, names
+from workload_controllers import complete_job, fail_job, job_names, pending_job_pod
+
+pytestmark = pytest.mark.kopf_thread  # runs the real operator in a thread
 
 
 def containers_of(cluster: Cluster, name: str = "smollm2") -> list[dict[str, Any]]:
@@ -78,7 +71,7 @@ def test_a_loopback_llama_server_is_calibrated_by_a_job_the_kubelet_can_run(
     calibrator = pod["containers"][0]["args"]
     assert float(calibrator[calibrator.index("--wait-seconds") + 1]) > 0  # it waits for /health on loopback
     cluster.assert_kubelet_could_run()
-    cluster.complete_job(job, compact_json(smollm2_profile()))
+    complete_job(cluster, job, compact_json(smollm2_profile()))
     eventually(lambda: status_of(cluster, "Ready") == "True")
 
 
@@ -92,7 +85,7 @@ def test_a_failed_first_calibration_leaves_the_workload_serving_as_before(
     before = cluster.get(DEPLOYMENTS, "smollm2")["spec"]["template"]
     cluster.create(POLICIES, admission_policy())
     (job,) = eventually(lambda: job_names(cluster))
-    cluster.fail_job(job, "slogate calibrate: error: stage 'prefill': upstream unreachable")
+    fail_job(cluster, job, "slogate calibrate: error: stage 'prefill': upstream unreachable")
     assert degraded(cluster)["reason"] == "CalibrationFailed"
     settle("smollm2")
     template = cluster.get(DEPLOYMENTS, "smollm2")["spec"]["template"]
@@ -111,7 +104,7 @@ def test_the_services_port_name_reaches_the_gate_while_injected_and_llama_server
     cluster.create(POLICIES, admission_policy())
     (job,) = eventually(lambda: job_names(cluster))
     assert named_port(cluster.get(DEPLOYMENTS, "smollm2")["spec"]["template"], "http") == ("llama", 8080)
-    cluster.complete_job(job, compact_json(smollm2_profile()))
+    complete_job(cluster, job, compact_json(smollm2_profile()))
     eventually(lambda: len(containers_of(cluster)) == 2, what="the sidecar, once thresholds exist")
     gated = cluster.get(DEPLOYMENTS, "smollm2")["spec"]["template"]
     assert named_port(gated, "http") == (names.SIDECAR_CONTAINER, 8081)  # the Service goes through the gate
@@ -147,7 +140,7 @@ def test_a_job_the_api_server_refuses_is_degraded_with_its_message(cluster: Clus
     assert "422" in found["message"]
     assert [e["type"] for e in events(cluster, "CalibrationJobRejected")] == ["Warning"]
     (job,) = eventually(lambda: job_names(cluster), what="the retry after the backoff")
-    cluster.complete_job(job, compact_json(smollm2_profile()))
+    complete_job(cluster, job, compact_json(smollm2_profile()))
     eventually(lambda: status_of(cluster, "Ready") == "True")
 
 
@@ -184,7 +177,7 @@ def test_a_pending_calibration_pod_says_why_it_waits(cluster: Cluster, operator:
     cluster.create(DEPLOYMENTS, llama_deployment())
     cluster.create(POLICIES, admission_policy())
     (job,) = eventually(lambda: job_names(cluster))
-    cluster.pending_job_pod(job, reason="Unschedulable", message="0/3 nodes are available: 3 Insufficient cpu.")
+    pending_job_pod(cluster, job, reason="Unschedulable", message="0/3 nodes are available: 3 Insufficient cpu.")
     waiting = eventually(
         lambda: (c := condition(cluster.get(POLICIES, "smollm2"), "Calibrated")).get("reason") == "Unschedulable" and c
     )
@@ -202,7 +195,7 @@ def test_inject_false_never_touches_the_users_own_sidecar(cluster: Cluster, oper
     cluster.create(DEPLOYMENTS, deployment)
     cluster.create(POLICIES, admission_policy(sidecar={"inject": False}))
     (job,) = eventually(lambda: job_names(cluster))
-    cluster.complete_job(job, compact_json(smollm2_profile()))
+    complete_job(cluster, job, compact_json(smollm2_profile()))
     eventually(lambda: thresholds_in(cluster) is not None)
     settle("smollm2")
     template = cluster.get(DEPLOYMENTS, "smollm2")["spec"]["template"]["spec"]
@@ -251,7 +244,7 @@ def test_a_conflicting_write_is_re_read_within_the_operators_rbac(cluster: Clust
     cluster.create(POLICIES, admission_policy())
     (job,) = eventually(lambda: job_names(cluster))
     cluster.emulator.faults.append(Fault("PATCH", "deployments", 409))
-    cluster.complete_job(job, compact_json(smollm2_profile()))
+    complete_job(cluster, job, compact_json(smollm2_profile()))
     eventually(lambda: len(containers_of(cluster)) == 2, what="the injection, after a re-read")
     assert cluster.forbidden == []
 
@@ -285,3 +278,24 @@ def test_settings_the_operator_cannot_read_are_noted_in_the_status(cluster: Clus
     text = " ".join(notes)
     assert "LLAMA_ARG_THREADS" in text
     assert "--metrics" in text
+
+
+# ------------------------------------------------------------------------------ spec.sidecar settings, end to end
+
+
+def test_the_policys_sidecar_settings_reach_the_injected_sidecars_command_line(
+    cluster: Cluster, operator: KopfRunner
+) -> None:
+    """spec.sidecar's tunables go through a whole reconcile into the injected container's args
+    (the builder alone was tested; the pass once built the config without them)."""
+    sidecar = {"classHeader": "X-Tenant-Tier", "clientReadTimeoutSeconds": 12.5}
+    apply_and_calibrate(cluster, sidecar=sidecar)
+
+    def injected_args() -> list[str] | None:
+        found = [c for c in containers_of(cluster) if c["name"] == names.SIDECAR_CONTAINER]
+        return list(found[0].get("args") or ()) if found else None
+
+    args = eventually(injected_args, what="the injected sidecar")
+    assert args[args.index("--class-header") + 1] == "X-Tenant-Tier"
+    assert float(args[args.index("--client-read-timeout") + 1]) == 12.5
+    assert "--upstream-read-timeout" not in args  # unset: the sidecar's own default

@@ -20,7 +20,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from builders import smollm2_profile
+from canned_profiles import smollm2_profile
 from fake_upstream import fake_upstream
 from sidecar_harness import TOKEN, RunningSidecar, sidecar_in_front_of, thresholds_for
 from slogate_admission.schema import Thresholds

@@ -21,10 +21,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from builders import smollm2_profile
+from canned_profiles import smollm2_profile
 from fake_upstream import FakeUpstream, fake_upstream
 from sidecar_harness import RunningSidecar, sidecar_in_front_of, thresholds_for
-from slogate_sidecar.requests import MAX_JSON_DEPTH, Route
+from slogate_llama.routes import Route
+from slogate_sidecar.requests import MAX_JSON_DEPTH
 
 MAX_BODY = 16 * 1024
 HANG_GUARD_S = 30.0

@@ -18,7 +18,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from builders import smollm2_profile
+from canned_profiles import smollm2_profile
 from fake_upstream import FakeUpstream, fake_upstream
 from sidecar_harness import RunningSidecar, sidecar_in_front_of, thresholds_for
 from slogate_sidecar.app import MAX_HEADERS, MAX_LINE_BYTES

@@ -6,15 +6,20 @@ import asyncio
 
 import pytest
 
-from builders import NOW, smollm2_profile
+from canned_profiles import NOW, smollm2_profile
 from slogate_admission.decision import Outcome, Reason, Request
 from slogate_admission.derivation import derive_thresholds
 from slogate_admission.schema import Policy, Thresholds
+from slogate_llama.routes import Route
 from slogate_sidecar.gate import Gate, GateNotReady
-from slogate_sidecar.state import TtftCorrection
+from slogate_sidecar.learners import TtftCorrection
+from slogate_sidecar.lease import Origin
 
 
-def thresholds(max_wait: float = 0.5, cap: int = 2) -> Thresholds:
+def thresholds(max_wait: float | None = 0.5, cap: int = 2, room: int | None = 2) -> Thresholds:
+    """Two classes; ``room``: deferral places beyond each class's cap (its L_max − cap),
+    set so the gate's mechanics are tested whatever μ the test profile derives; None:
+    the derived L_max."""
     policy = Policy.model_validate(
         {
             "concurrency": {"max": cap},
@@ -25,7 +30,15 @@ def thresholds(max_wait: float = 0.5, cap: int = 2) -> Thresholds:
             "deferral": {"maxWaitSeconds": max_wait},
         }
     )
-    return derive_thresholds(policy, smollm2_profile(), derived_at=NOW)
+    derived = derive_thresholds(policy, smollm2_profile(), derived_at=NOW)
+    if room is None:
+        return derived
+    classes = tuple(c.model_copy(update={"l_max": c.concurrency_cap + room}) for c in derived.classes)
+    return derived.model_copy(update={"classes": classes, "l_max": max(c.l_max for c in classes)})
+
+
+ORIGIN = Origin(Route.CHAT, estimated_prompt_tokens=50, counted_prompt_tokens=50, prompt_given_as_tokens=True)
+"""What the proxy would pass along: it matters to the learners only."""
 
 
 async def settle() -> None:
@@ -49,7 +62,7 @@ async def test_not_ready_without_thresholds() -> None:
 
 
 async def test_admit_first_token_release_returns_to_zero(gate: Gate) -> None:
-    admission = await gate.acquire(Request(100, 50, "interactive"))
+    admission = await gate.acquire(Request(100, 50, "interactive"), ORIGIN)
     decision, ticket = admission.final, admission.ticket
     assert decision.outcome is Outcome.ADMIT
     assert ticket is not None
@@ -67,8 +80,8 @@ async def test_admit_first_token_release_returns_to_zero(gate: Gate) -> None:
 
 
 async def test_deferred_request_admitted_when_a_stream_ends(gate: Gate) -> None:
-    held = [(await gate.acquire(Request(50, 20, "interactive"))).ticket for _ in range(2)]
-    waiting = asyncio.create_task(gate.acquire(Request(50, 20, "interactive")))
+    held = [(await gate.acquire(Request(50, 20, "interactive"), ORIGIN)).ticket for _ in range(2)]
+    waiting = asyncio.create_task(gate.acquire(Request(50, 20, "interactive"), ORIGIN))
     await asyncio.sleep(0)
     assert gate.ledger.deferred == 1
     assert held[0] is not None
@@ -85,11 +98,11 @@ async def test_deferred_request_admitted_when_a_stream_ends(gate: Gate) -> None:
 
 
 async def test_waiters_admitted_in_priority_order(gate: Gate) -> None:
-    held = [(await gate.acquire(Request(50, 20, "interactive"))).ticket for _ in range(2)]
+    held = [(await gate.acquire(Request(50, 20, "interactive"), ORIGIN)).ticket for _ in range(2)]
     order: list[str] = []
 
     async def wait(cls: str) -> None:
-        admission = await gate.acquire(Request(50, 20, cls))
+        admission = await gate.acquire(Request(50, 20, cls), ORIGIN)
         decision, ticket = admission.final, admission.ticket
         assert decision.outcome is Outcome.ADMIT
         order.append(cls)
@@ -114,13 +127,15 @@ async def test_waiters_admitted_in_priority_order(gate: Gate) -> None:
 
 async def test_deferral_times_out_into_a_rejection() -> None:
     gate = Gate()
-    gate.load(thresholds(max_wait=0.05))
-    held = [(await gate.acquire(Request(50, 20))).ticket for _ in range(2)]
-    admission = await gate.acquire(Request(50, 20))
+    gate.load(thresholds(max_wait=0.05, room=1))
+    held = [(await gate.acquire(Request(50, 20), ORIGIN)).ticket for _ in range(2)]
+    admission = await gate.acquire(Request(50, 20), ORIGIN)
     decision, ticket = admission.final, admission.ticket
     assert admission.first.outcome is Outcome.DEFER
     assert decision.outcome is Outcome.REJECT
-    assert Reason.CONCURRENCY in decision.reasons
+    # Judged again at its deadline, it counts the waiters ahead of it, not itself: the
+    # slots were short, the deferral queue was not.
+    assert decision.reasons == (Reason.CONCURRENCY,)
     assert ticket is None
     assert decision.retry_after_s is not None
     assert gate.ledger.deferred == 0
@@ -131,8 +146,8 @@ async def test_deferral_times_out_into_a_rejection() -> None:
 
 
 async def test_client_leaving_while_deferred_leaks_nothing(gate: Gate) -> None:
-    held = [(await gate.acquire(Request(50, 20))).ticket for _ in range(2)]
-    waiting = asyncio.create_task(gate.acquire(Request(50, 20)))
+    held = [(await gate.acquire(Request(50, 20), ORIGIN)).ticket for _ in range(2)]
+    waiting = asyncio.create_task(gate.acquire(Request(50, 20), ORIGIN))
     await asyncio.sleep(0)
     waiting.cancel()
     with pytest.raises(asyncio.CancelledError):
@@ -145,8 +160,8 @@ async def test_client_leaving_while_deferred_leaks_nothing(gate: Gate) -> None:
 
 
 async def test_ticket_granted_as_the_client_leaves_is_released(gate: Gate) -> None:
-    held = [(await gate.acquire(Request(50, 20))).ticket for _ in range(2)]
-    waiting = asyncio.create_task(gate.acquire(Request(50, 20)))
+    held = [(await gate.acquire(Request(50, 20), ORIGIN)).ticket for _ in range(2)]
+    waiting = asyncio.create_task(gate.acquire(Request(50, 20), ORIGIN))
     await asyncio.sleep(0)
     assert held[0] is not None
     gate.release(held[0])  # grants the waiter a ticket ...
@@ -158,11 +173,60 @@ async def test_ticket_granted_as_the_client_leaves_is_released(gate: Gate) -> No
     assert gate.ledger.is_idle()
 
 
+async def test_an_arrival_beyond_its_class_l_max_is_refused_at_once() -> None:
+    gate = Gate()
+    gate.load(thresholds(cap=1, max_wait=5.0, room=1))
+    held = (await gate.acquire(Request(50, 20, "batch"), ORIGIN)).ticket
+    waiting = asyncio.create_task(gate.acquire(Request(50, 20, "batch"), ORIGIN))
+    await asyncio.sleep(0)
+    assert gate.ledger.deferred == 1
+    # 1 in service + 1 deferred ahead = L_max 2: the server frees no slot for a third in time.
+    third = await gate.acquire(Request(50, 20, "batch"), ORIGIN)
+    assert third.first.outcome is Outcome.REJECT
+    assert third.first.reasons == (Reason.CONCURRENCY, Reason.QUEUE_FULL)
+    assert third.first.retry_after_s is not None
+    # A higher class queues ahead of batch waiters: they do not count against it.
+    interactive = asyncio.create_task(gate.acquire(Request(50, 20, "interactive"), ORIGIN))
+    await asyncio.sleep(0)
+    assert gate.ledger.deferred == 2
+    assert held is not None
+    gate.release(held)
+    first = await interactive
+    assert first.final.outcome is Outcome.ADMIT
+    assert first.ticket is not None
+    gate.release(first.ticket)
+    second = await waiting
+    assert second.final.outcome is Outcome.ADMIT
+    assert second.ticket is not None
+    gate.release(second.ticket)
+    assert gate.ledger.is_idle()
+
+
+async def test_derived_l_max_lets_a_batch_request_wait_for_a_slot() -> None:
+    """Issue 12.7: with the default policy (no max wait), a 20 s class defers, not refuses."""
+    gate = Gate()
+    gate.load(thresholds(cap=2, max_wait=None, room=None))
+    batch = next(c for c in gate.config.classes.values() if c.name == "batch")
+    assert batch.l_max > batch.concurrency_cap
+    held = [(await gate.acquire(Request(50, 20, "interactive"), ORIGIN)).ticket for _ in range(2)]
+    waiting = asyncio.create_task(gate.acquire(Request(50, 20, "batch"), ORIGIN))
+    await asyncio.sleep(0)
+    assert gate.ledger.deferred == 1
+    assert held[0] is not None
+    gate.release(held[0])
+    admitted = await waiting
+    assert (admitted.first.outcome, admitted.final.outcome) == (Outcome.DEFER, Outcome.ADMIT)
+    for t in (held[1], admitted.ticket):
+        assert t is not None
+        gate.release(t)
+    assert gate.ledger.is_idle()
+
+
 async def test_new_thresholds_wake_waiters() -> None:
     gate = Gate()
     gate.load(thresholds(cap=1, max_wait=5.0))
-    held = (await gate.acquire(Request(50, 20))).ticket
-    waiting = asyncio.create_task(gate.acquire(Request(50, 20)))
+    held = (await gate.acquire(Request(50, 20), ORIGIN)).ticket
+    waiting = asyncio.create_task(gate.acquire(Request(50, 20), ORIGIN))
     await asyncio.sleep(0)
     gate.load(thresholds(cap=2, max_wait=5.0))  # a bigger cap pushed at runtime
     admission = await waiting
@@ -175,7 +239,7 @@ async def test_new_thresholds_wake_waiters() -> None:
 
 
 async def test_reject_never_books_anything(gate: Gate) -> None:
-    admission = await gate.acquire(Request(100, 5000))  # beyond one slot's context
+    admission = await gate.acquire(Request(100, 5000), ORIGIN)  # beyond one slot's context
     decision, ticket = admission.final, admission.ticket
     assert decision.outcome is Outcome.REJECT
     assert not decision.fits_ever

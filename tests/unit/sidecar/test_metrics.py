@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from builders import NOW, smollm2_profile
+from canned_profiles import NOW, smollm2_profile
 from slogate_admission.decision import (
     Decision,
     GateConfig,
@@ -17,7 +17,7 @@ from slogate_admission.decision import (
 )
 from slogate_admission.derivation import derive_thresholds
 from slogate_admission.schema import Policy, Thresholds
-from slogate_calibration.prometheus_text import LlamaCounters
+from slogate_llama.counters import LlamaCounters
 from slogate_sidecar.metrics import SidecarMetrics
 from slogate_sidecar.rates import RateEstimator
 

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from slogate_calibration.prometheus_text import LlamaCounters
+from slogate_llama.counters import LlamaCounters
 from slogate_sidecar.rates import RateEstimator, RateSettings, TtftErrorTracker
 
 

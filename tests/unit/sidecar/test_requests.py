@@ -9,12 +9,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from slogate_llama.routes import Route
 from slogate_sidecar.requests import (
     MAX_JSON_DEPTH,
     BadRequest,
     ParsedRequest,
-    Route,
-    as_upstream_stream,
     parse_request,
     with_output_limit,
 )
@@ -235,29 +234,6 @@ def test_with_output_limit_leaves_one_limit_the_upstream_cannot_override(
 def test_with_output_limit_refuses_a_limit_the_upstream_would_not_honour(n: int) -> None:
     with pytest.raises(ValueError, match="integer >= 1"):
         with_output_limit(parse(CHAT, chat()), n)
-
-
-@pytest.mark.parametrize(
-    ("route", "body", "expected"),
-    [
-        (CHAT, chat(), chat(stream=True, stream_options={"include_usage": True})),
-        (
-            CMPL,
-            text(stream=False, stream_options={"include_usage": False, "x": 1}),
-            text(stream=True, stream_options={"include_usage": True, "x": 1}),
-        ),
-        (
-            CMPL,
-            text(stream_options="junk"),
-            text(stream=True, stream_options={"include_usage": True}),
-        ),
-        (NATIVE, text(stream=False), text(stream=True)),
-    ],
-)
-def test_as_upstream_stream(route: Route, body: dict[str, Any], expected: dict[str, Any]) -> None:
-    before = json.dumps(body)
-    assert as_upstream_stream(body, route) == expected
-    assert json.dumps(body) == before
 
 
 # --------------------------------------------------------------------------- properties

@@ -30,7 +30,7 @@ from aiohttp import web
 from hypothesis import HealthCheck, settings
 from schemathesis.core.failures import FailureGroup
 
-from builders import smollm2_profile
+from canned_profiles import smollm2_profile
 from fake_upstream import FakeUpstream, llama_app, serve
 from sidecar_harness import TOKEN, sidecar_in_front_of, thresholds_for
 from slogate_admission.schema import Thresholds

@@ -7,7 +7,7 @@ import json
 from collections.abc import Callable
 from pathlib import Path
 
-from builders import smollm2_profile
+from canned_profiles import smollm2_profile
 from fake_upstream import fake_upstream
 from sidecar_harness import sidecar_in_front_of, thresholds_for
 

@@ -1,4 +1,4 @@
-"""Reassembly of llama-server streams, on chunk sequences recorded from the real binary.
+"""llama-server's streams: framing, reassembly and token counts, on chunks recorded from the real binary.
 
 Envelopes and values below are copied from this build's output (model path shortened,
 ``generation_settings`` trimmed); tool calls are the one exception: the bundled model
@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 
 from slogate_calibration.runtime import LlamaServer
-from slogate_sidecar.reassembly import Reassembler, carries_token, usage_of
-from slogate_sidecar.requests import Route, as_upstream_stream
+from slogate_llama.routes import Route, as_upstream_stream
+from slogate_llama.stream import Reassembler, carries_token, event, event_data, may_be_final, usage_of
 
 CHAT, CMPL, NATIVE = Route.CHAT, Route.COMPLETIONS, Route.NATIVE
 
@@ -273,6 +273,54 @@ def test_usage_of(route: Route, response: Any, expected: tuple[int | None, int |
     assert usage_of(route, response) == expected
 
 
+# --------------------------------------------------------------------------- framing
+
+
+def compact(chunk: Any) -> bytes:
+    """A ``data:`` line as llama-server prints it: compact JSON."""
+    return b"data: " + json.dumps(chunk, separators=(",", ":")).encode()
+
+
+def test_an_event_is_one_data_line_that_event_data_reads_back() -> None:
+    error = {"error": {"message": "upstream failed mid-stream", "type": "server_error"}}
+    frame = event(error)
+    line, blank = frame.splitlines()  # the data line, then the blank line that ends the event
+    assert blank == b""
+    data = event_data(line)
+    assert data is not None
+    assert json.loads(data) == error
+
+
+@pytest.mark.parametrize(
+    ("line", "data"),
+    [
+        (b'data: {"index":0}', b'{"index":0}'),
+        (b"data: null", b"null"),  # a batch's leading event
+        (b"data: [DONE]", None),
+        (b"", None),  # the blank line ending an event
+        (b": keep-alive", None),
+        (b"error: boom", None),
+    ],
+)
+def test_event_data(line: bytes, data: bytes | None) -> None:
+    assert event_data(line) == data
+
+
+@pytest.mark.parametrize(
+    ("chunk", "final"),
+    [
+        (CHAT_STREAM[-1], True),  # usage (and timings)
+        (CHAT_STREAM[1], False),
+        (CHAT_STREAM[-2], False),  # finish_reason alone: the usage chunk follows
+        ({**cmpl_chunk("", "length"), "usage": cmpl_usage(4, 5, 0)}, True),
+        (native_final(4), True),
+        (native_chunk(",", [28], 1), False),
+    ],
+)
+def test_may_be_final_finds_the_chunk_with_the_counts(chunk: Any, final: bool) -> None:
+    assert may_be_final(compact(chunk)) is final
+
+
 # --------------------------------------------------------------------------- the real server
 
 _OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
@@ -316,12 +364,15 @@ def test_reassembled_stream_has_the_real_non_streaming_shape(
 ) -> None:
     body = {**body, "temperature": 0, "seed": 1}  # greedy: every top token leads by > 1 nat here
     direct = json.loads(_post(llama_server, route, body))
-    lines = _post(llama_server, route, as_upstream_stream(body, route)).decode().splitlines()
-    events = [json.loads(x[6:]) for x in lines if x.startswith("data: ") and x != "data: [DONE]"]
+    lines = _post(llama_server, route, as_upstream_stream(body, route)).splitlines()
+    data = [d for d in map(event_data, lines) if d is not None]
     r = Reassembler(route)
-    for event in events:
-        r.add(event)
+    for chunk in data:
+        r.add(json.loads(chunk))
     rebuilt = r.result()
+    # The relay's byte search finds the real final chunk, and not the first one.
+    assert may_be_final(data[-1])
+    assert not may_be_final(data[0])
     assert r.first_token_seen
     assert _shape(rebuilt) == _shape(direct)
     assert _text(route, rebuilt) == _text(route, direct)

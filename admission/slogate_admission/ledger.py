@@ -28,12 +28,14 @@ class Ticket:
     expected_end: float
     """Estimated monotonic time at which it finishes (frees a slot and its KV)."""
     queued: bool = True
+    """Its prompt still waits for (or is in) prefill: it counts in the queued tokens."""
     active: bool = True
+    """It still holds a stream slot and its KV reservation."""
 
 
 @dataclass(slots=True)
 class Ledger:
-    """Counters of the requests inside; mutated only on the event loop (no locks needed)."""
+    """Counters of the requests inside; mutated by one caller at a time (no locks)."""
 
     queued_prefill_tokens: int = 0
     streams: int = 0
@@ -86,13 +88,17 @@ class Ledger:
             return 0.0
         return max(min(t.expected_end for t in self._tickets) - now, 0.0)
 
-    def snapshot(self, now: float, prefill_tokens_per_s: float | None) -> LiveState:
-        """The live state the core's decide() reads."""
+    def snapshot(self, now: float, prefill_tokens_per_s: float | None, deferred_ahead: int | None = None) -> LiveState:
+        """The live state the core's decide() reads.
+
+        ``deferred_ahead``: the deferred requests the one being judged would wait behind
+        (its class and above); None: all of them (the accounting shown in /state).
+        """
         return LiveState(
             queued_prefill_tokens=float(self.queued_prefill_tokens),
             streams=self.streams,
             reserved_kv_tokens=self.reserved_kv_tokens,
-            deferred=self.deferred,
+            deferred=self.deferred if deferred_ahead is None else deferred_ahead,
             prefill_tokens_per_s=prefill_tokens_per_s,
             next_release_s=self.next_release_s(now),
         )

@@ -1,9 +1,10 @@
 """Read llama-server's `/metrics` (Prometheus text exposition) into plain numbers.
 
-Calibration derives prefill and decode rates from *deltas of llama-server's counters*
-between two scrapes; its gauges are averaged since the previous scrape and reset by every
-scrape, so they cannot be shared between scrapers. This module therefore cares about
-reading counters exactly, under the names llama-server prints.
+Calibration and the sidecar derive prefill and decode rates from *deltas of llama-server's
+counters* between two scrapes; its gauges are averaged since the previous scrape and reset
+by every scrape, so they cannot be shared between scrapers. This module therefore cares
+about reading counters exactly, under the names llama-server prints (``exposition`` prints
+the same names for the stand-ins that play llama-server in tests and benchmarks).
 
 Parsing is delegated to `prometheus_client.parser.text_string_to_metric_families`, with
 one correction. That parser converts counters to the OpenMetrics convention:
@@ -32,6 +33,7 @@ from dataclasses import MISSING, dataclass, fields
 from prometheus_client.parser import text_string_to_metric_families
 
 __all__ = [
+    "GAUGES",
     "LLAMACPP_PREFIX",
     "LlamaCounters",
     "MetricsError",
@@ -48,6 +50,9 @@ LLAMACPP_PREFIX = "llamacpp:"
 
 _TOTAL = "_total"
 
+GAUGES = frozenset({"requests_processing", "requests_deferred"})
+"""The `LlamaCounters` fields llama-server declares as gauges; every other one is a counter."""
+
 
 class MetricsError(ValueError):
     """The text is not usable as llama-server metrics."""
@@ -63,11 +68,14 @@ class MissingMetricError(MetricsError):
 
 @dataclass(frozen=True)
 class Sample:
-    """One sample line: its name as printed, its labels (sorted pairs), its value."""
+    """One sample line of exposition text."""
 
     name: str
+    """Its name exactly as printed (no ``_total`` added or removed)."""
     labels: tuple[tuple[str, str], ...]
+    """Its labels, as sorted (name, value) pairs."""
     value: float
+    """Its value (llama-server prints six significant digits)."""
 
     def has_labels(self, labels: Mapping[str, str]) -> bool:
         """True if this sample carries exactly these labels (no more, no fewer)."""
@@ -163,7 +171,7 @@ def sample_value(samples: Iterable[Sample], name: str, labels: Mapping[str, str]
 
 @dataclass(frozen=True)
 class LlamaCounters:
-    """The llama-server counters and instantaneous gauges calibration is computed from.
+    """The llama-server counters and gauges calibration and the sidecar's live rates come from.
 
     Field names are the metric names without the ``llamacpp:`` prefix. The `*_total`
     fields are monotonic counters (compare two snapshots); `requests_processing` and
@@ -173,13 +181,21 @@ class LlamaCounters:
     """
 
     prompt_tokens_total: float
+    """Prompt tokens prefilled, cached ones excluded."""
     prompt_seconds_total: float
+    """Seconds slots spent prefilling (summed over slots working in the same batch)."""
     tokens_predicted_total: float
+    """Tokens generated, counted when a request ends."""
     tokens_predicted_seconds_total: float
+    """Seconds slots spent generating (summed over slots), counted when a request ends."""
     n_decode_total: float
+    """llama_decode() calls (speculative and multimodal ones excluded)."""
     requests_processing: float
+    """Requests holding a slot at scrape time (a gauge)."""
     requests_deferred: float
+    """Requests waiting for a slot at scrape time (a gauge)."""
     prompt_tokens_cached_total: float | None = None
+    """Prompt tokens served from the KV cache; None on builds that do not print it."""
 
     @classmethod
     def from_samples(cls, samples: Mapping[str, float]) -> LlamaCounters:

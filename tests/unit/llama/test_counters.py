@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from slogate_calibration.prometheus_text import (
+from slogate_llama.counters import (
     LlamaCounters,
     MetricsError,
     MissingMetricError,

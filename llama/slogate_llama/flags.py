@@ -4,10 +4,10 @@ llama-server takes each setting from a flag or from its environment variable; a 
 beats its variable, the last occurrence of a flag wins, and every option has several
 spellings (``-t``/``--threads``, ``-np``/``--parallel``, ``-nocb``/``--no-cont-batching``).
 The spellings, value counts and variables come from ``llama_server_flags.json``,
-generated from the real binary's ``--help`` by ``python -m
-slogate_calibration.server_flags_table`` (the operator runs without the binary).
-The operator reads a pod spec with it (``slogate_operator.fingerprint``); calibration
-reads the arguments it is handed (``slogate_calibration.server_args``).
+generated from the real binary's ``--help`` by ``python -m slogate_llama.flags_table``
+(the operator runs without the binary). The operator reads a pod spec with it
+(``slogate_operator.fingerprint``); calibration reads the arguments it is handed
+(``slogate_calibration.server_args``).
 
 ``read_settings`` folds all of that into one mapping, canonical flag (an option's first
 long spelling) -> value, or True/False for a switch: so ``-t 2``, ``--threads 2``,
@@ -44,6 +44,7 @@ class ServerFlag:
     values: int
     """Words that follow it: 0 for a switch, 1, or 2."""
     env: str | None
+    """The environment variable that sets it (``LLAMA_ARG_THREADS``), if it has one."""
 
     @property
     def name(self) -> str:
@@ -78,6 +79,7 @@ class FlagTable:
     llama_server: str
     """The ``--version`` line of the binary the table was generated from."""
     options: tuple[ServerFlag, ...]
+    """Every option, in ``--help``'s order."""
 
     _spellings: dict[str, tuple[ServerFlag, bool]] = field(init=False, repr=False, compare=False)
     _variables: dict[str, tuple[ServerFlag, bool]] = field(init=False, repr=False, compare=False)
@@ -129,7 +131,7 @@ def _flag(raw: Mapping[str, Any]) -> ServerFlag:
 @functools.cache
 def flag_table() -> FlagTable:
     """The committed table (``llama_server_flags.json``), loaded once."""
-    raw = json.loads(resources.files("slogate_calibration").joinpath(TABLE_FILE).read_text())
+    raw = json.loads(resources.files("slogate_llama").joinpath(TABLE_FILE).read_text())
     return FlagTable(str(raw["llama_server"]), tuple(_flag(o) for o in raw["options"]))
 
 

@@ -1,9 +1,11 @@
-"""Rebuild llama-server's non-streaming answer from its stream.
+"""llama-server's streams: their framing, what each route's chunks carry, and the
+non-streaming answer rebuilt from them.
 
 The sidecar always streams from llama-server, so it sees the first token exactly (the
-TTFT the gate protects), and rebuilds the answer for clients that did not ask to stream.
-Feed every parsed SSE ``data:`` JSON value to ``Reassembler.add`` (the caller handles
-``[DONE]``); ``result()`` is the response, ``usage_of`` reads token counts from it.
+TTFT the gate protects: ``carries_token``), and rebuilds the answer for clients that did
+not ask to stream. Each event is one ``data: <JSON>`` line (``event_data`` reads it; the
+OpenAI routes end with ``data: [DONE]``). Feed every parsed value to ``Reassembler.add``;
+``result()`` is the response, ``usage_of`` reads token counts from it or from a final chunk.
 
 Rebuilt, per route (formats recorded from this llama-server build):
 
@@ -40,13 +42,41 @@ Batches stream a leading ``data: null``; non-object values are ignored.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from slogate_sidecar.requests import Route
+from slogate_llama.routes import Route
+
+__all__ = ["Reassembler", "Response", "carries_token", "event", "event_data", "may_be_final", "usage_of"]
 
 Response = dict[str, Any] | list[dict[str, Any]]
 """A rebuilt answer: an object, or an array for a native batch."""
+
+_DATA = b"data: "
+_DONE = b"data: [DONE]"
+
+
+def event(value: object) -> bytes:
+    """One server-sent event carrying ``value`` as JSON (a ``data:`` line and a blank one)."""
+    return _DATA + json.dumps(value).encode() + b"\n\n"
+
+
+def event_data(line: bytes) -> bytes | None:
+    """The JSON text of a ``data:`` line; None for any other line and for ``[DONE]``."""
+    if not line.startswith(_DATA) or line.startswith(_DONE):
+        return None
+    return line[len(_DATA) :]
+
+
+def may_be_final(line: bytes) -> bool:
+    """Whether a ``data:`` line may be a stream's last chunk, the one with the token counts:
+    ``usage`` on the OpenAI routes, ``"stop":true`` on the native one.
+
+    A byte search, so a relay parses only these and the lines before the first token;
+    it relies on llama-server printing compact JSON (no space after the colon).
+    """
+    return b'"usage"' in line or b'"stop":true' in line
 
 
 def carries_token(route: Route, chunk: object) -> bool:
@@ -74,11 +104,17 @@ class _Choice:
     """One OpenAI choice, accumulated."""
 
     text: list[str] = field(default_factory=list)
+    """Content (chat) or text (completions) pieces, in order."""
     reasoning: list[str] = field(default_factory=list)
+    """``reasoning_content`` pieces, in order."""
     role: str = "assistant"
+    """The last role a delta named."""
     finish_reason: Any = None
+    """The last non-null ``finish_reason``."""
     logprobs: list[Any] | None = None
+    """``logprobs.content`` entries concatenated; None until a chunk carries some."""
     tool_calls: dict[int, dict[str, Any]] = field(default_factory=dict)
+    """Tool calls by index, merged across deltas."""
 
 
 @dataclass(slots=True)
@@ -86,9 +122,13 @@ class _Native:
     """One native result (one prompt of a batch), accumulated."""
 
     content: list[str] = field(default_factory=list)
+    """``content`` pieces, in order."""
     tokens: list[Any] = field(default_factory=list)
+    """``tokens`` ids, in order."""
     probabilities: list[Any] | None = None
+    """``completion_probabilities`` concatenated; None until a chunk carries some."""
     final: dict[str, Any] | None = None
+    """The ``stop: true`` chunk, once it came."""
 
 
 class Reassembler:

@@ -1,14 +1,14 @@
 """Generate the table of llama-server flags from the real binary's ``--help``.
 
 The operator reads llama-server's settings from a pod spec without the binary at hand,
-and calibration reads the arguments it is handed, both with ``server_flags``, so this
-package ships a generated table (``slogate_calibration/llama_server_flags.json``): for
+and calibration reads the arguments it is handed, both with ``flags``, so this
+package ships a generated table (``slogate_llama/llama_server_flags.json``): for
 each option its spellings, its negated spellings (``--no-xxx``), how many values it
 takes and its environment variable. This command regenerates it; ``--check`` is the CI
 diff check (an integration test runs it against the binary that `make llama` builds).
 
-    python -m slogate_calibration.server_flags_table           # rewrite the table
-    python -m slogate_calibration.server_flags_table --check   # fail if it is stale
+    python -m slogate_llama.flags_table           # rewrite the table
+    python -m slogate_llama.flags_table --check   # fail if it is stale
 
 ``--help`` prints each option as ``-t,    --threads N`` (spellings, then the value
 hints) padded to column 40 or followed by a line break, then its help lines indented
@@ -30,10 +30,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from slogate_calibration.runtime import RuntimeNotFound, locate
+from slogate_llama.binary import ServerNotFound, find_server
+from slogate_llama.flags import TABLE_FILE
 
-COMMAND = "python -m slogate_calibration.server_flags_table"
-TABLE_NAME = "llama_server_flags.json"
+COMMAND = "python -m slogate_llama.flags_table"
 HELP_COLUMN = 40  # where llama.cpp starts the help text
 
 _FLAG = re.compile(r"^--?[A-Za-z0-9][A-Za-z0-9._-]*$")
@@ -46,14 +46,24 @@ class Option:
     """One option of ``llama-server --help``."""
 
     flags: tuple[str, ...]
+    """Its spellings, as listed (for a switch: those that turn it on)."""
     negations: tuple[str, ...]
+    """The ``--no-...`` spellings listed after a switch's last positive long one."""
     hint: str | None
+    """The value placeholder as printed (``N``, ``START END``, ``<0|1>``); None for a switch."""
     values: int
+    """Words that follow it: 0 for a switch, one per plain upper-case hint word, else 1."""
     env: str | None
+    """Its variable, from the ``(env: ...)`` line of its help, if any."""
 
     def as_json(self) -> dict[str, object]:
-        return {"flags": list(self.flags), "negations": list(self.negations), "hint": self.hint,
-                "values": self.values, "env": self.env}  # fmt: skip
+        return {
+            "flags": list(self.flags),
+            "negations": list(self.negations),
+            "hint": self.hint,
+            "values": self.values,
+            "env": self.env,
+        }
 
 
 def _option(head: str) -> Option:
@@ -119,19 +129,19 @@ def generate(server: Path) -> str:
 
 
 def default_table_path() -> Path:
-    """The committed table, next to ``server_flags`` in this package."""
-    return Path(__file__).with_name(TABLE_NAME)
+    """The committed table, next to ``flags`` in this package."""
+    return Path(__file__).with_name(TABLE_FILE)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog=COMMAND, description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--server", type=Path, help="llama-server binary (default: the one `make llama` built)")
-    parser.add_argument("--out", type=Path, help=f"the table (default: slogate_calibration/{TABLE_NAME})")
+    parser.add_argument("--out", type=Path, help=f"the table (default: slogate_llama/{TABLE_FILE})")
     parser.add_argument("--check", action="store_true", help="do not write; exit 1 with a diff if the table differs")
     args = parser.parse_args(argv)
     try:
-        server: Path = args.server or locate().server
-    except RuntimeNotFound as error:
+        server: Path = args.server or find_server()
+    except ServerNotFound as error:
         print(error, file=sys.stderr)
         return 2
     out: Path = args.out or default_table_path()

@@ -1,4 +1,5 @@
-"""Builders of core objects shaped like the bundled SmolLM2-135M on these machines."""
+"""Canned core objects shaped like the bundled SmolLM2-135M on these machines: a calibration
+profile, and the fixed clock it is dated by."""
 
 from datetime import UTC, datetime
 

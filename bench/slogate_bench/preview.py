@@ -1,0 +1,206 @@
+"""`slogate simulate`'s work: a policy previewed in the simulator, and the report it prints.
+
+Every front at every load on the same arrivals (one seed), μ by ``capacity.capacity_rps``,
+what the workload can never get (warnings), and, in the exponential service mode, the
+M/M/1 check: each request replaced by Exp(1/μ) seconds of work on one slot, the closed
+form W = 1 / (μ − λ) reported beside the simulated mean. The CLI parses and prints.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from rich.table import Table
+
+from slogate_admission.derivation import longest_prompt_within
+from slogate_admission.queueing import mm1_time_in_system
+from slogate_admission.schema import CalibrationProfile, ClassThresholds, Thresholds
+from slogate_bench.capacity import ServerModel, capacity_rps
+from slogate_bench.lengths import Lengths
+from slogate_bench.limits import CountCap
+from slogate_bench.scenario import GateKind, config_for_load
+from slogate_bench.simulated_fronts import line_up
+from slogate_bench.simulator import simulate
+from slogate_bench.workloads import CHAT_OUTPUTS, CHAT_PROMPTS, DEFAULT_CLIENT_TIMEOUT_S, ServiceMode, Workload
+
+CHAT = "chat"
+"""What the chat mix's lengths are called on the command line and in reports."""
+
+
+@dataclass(frozen=True)
+class PreviewRequest:
+    """What `slogate simulate` is asked."""
+
+    profile: CalibrationProfile
+    """The calibrated server."""
+    thresholds: Thresholds
+    """Derived from the profile and the policy: what the slogate front enforces."""
+    prompt_tokens: Lengths
+    """n_in of the simulated requests."""
+    output_tokens: Lengths
+    """n_out, generated in full."""
+    gates: tuple[GateKind, ...]
+    """The fronts compared."""
+    loads: tuple[float, ...]
+    """Offered loads, x μ."""
+    duration_s: float
+    """Simulated seconds of arrivals."""
+    seed: int
+    """The same seed, the same arrivals for every front."""
+    service: ServiceMode = "profile"
+    """``exponential``: the M/M/1 check."""
+    client_timeout_s: float | None = None
+    """None: 10 s, and never in the exponential mode."""
+    count_cap_concurrency: int | None = None
+    """The count-cap front's streams; None: the derived concurrency cap."""
+    count_cap_queue: int = 8
+    """The count-cap front's queue."""
+
+
+def describe(lengths: Lengths) -> str:
+    """As given on the command line: ``chat``, ``512`` or ``100-900``."""
+    return CHAT if lengths in (CHAT_PROMPTS, CHAT_OUTPUTS) else lengths.describe()
+
+
+def _percent(share: float) -> str:
+    return "<0.1%" if 0 < share < 0.001 else f"{share:.1%}"
+
+
+def workload_warnings(
+    server: ServerModel, workload: Workload, default: ClassThresholds, gates: tuple[GateKind, ...]
+) -> list[str]:
+    """What the workload cannot get whatever the load: requests whose own prefill on an idle
+    server misses the default class's TTFT SLO (warned if there is any), and, for the slogate
+    gate, those beyond the class's admit-now budget when the classes above cap it lower."""
+    if workload.service == "exponential":  # no token counts: prefill is not simulated
+        return []
+    warnings = []
+    within_slo = longest_prompt_within(server.prefill, default.ttft_slo_seconds)
+    missed = workload.prompt_tokens.share_over(within_slo)
+    slo_text = f"the {default.ttft_slo_seconds:g} s TTFT SLO of class {default.name!r}"
+    if missed >= 1:
+        warnings.append(
+            f"every request of the workload needs more than {slo_text} for its own prefill on an idle server "
+            f"(only prompts up to {within_slo} tokens fit): no gate serves any within it, goodput is 0"
+        )
+    elif missed > 0:
+        warnings.append(
+            f"{_percent(missed)} of the workload's requests (prompts over {within_slo} tokens) need more than "
+            f"{slo_text} for their own prefill on an idle server: no gate serves them within it, so goodput "
+            f"is at most {_percent(1 - missed)} of the offered rate"
+        )
+    if "slogate" in gates and default.ttft_budget_seconds < default.ttft_slo_seconds:
+        within_budget = longest_prompt_within(server.prefill, default.ttft_budget_seconds)
+        refused = workload.prompt_tokens.share_over(within_budget)
+        if refused > missed:
+            warnings.append(
+                f"slogate never admits {_percent(refused)} of the workload's requests (prompts over "
+                f"{within_budget} tokens): the admit-now TTFT budget of class {default.name!r} is "
+                f"{default.ttft_budget_seconds:g} s, capped by the classes above it"
+            )
+    return warnings
+
+
+def mm1_check(server: ServerModel, workload: Workload, streams: int) -> tuple[ServerModel, Workload]:
+    """The M/M/1 check: the same μ, as Exp(1/μ) seconds of work on a single slot."""
+    mu = capacity_rps(server, workload, streams)
+    return ServerModel(1, server.prefill, server.decode), dataclasses.replace(
+        workload, service="exponential", exponential_mean_s=1.0 / mu
+    )
+
+
+def preview(request: PreviewRequest) -> dict[str, Any]:
+    """Every front at every load; a JSON-ready report. ValueError on input the simulator refuses."""
+    thresholds = request.thresholds
+    exponential = request.service == "exponential"
+    if exponential and "slogate" in request.gates:
+        raise ValueError("--service exponential has no token counts for the slogate gate: use none or count-cap")
+    timeout = request.client_timeout_s or (math.inf if exponential else DEFAULT_CLIENT_TIMEOUT_S)
+    server = ServerModel.from_profile(request.profile)
+    workload = Workload(request.prompt_tokens, request.output_tokens, client_timeout_s=timeout)
+    if exponential:
+        server, workload = mm1_check(server, workload, thresholds.concurrency_cap)
+    count_cap = CountCap(request.count_cap_concurrency or thresholds.concurrency_cap, request.count_cap_queue)
+    default = thresholds.default_class_thresholds
+    fronts = line_up(thresholds, count_cap)
+    runs: list[dict[str, Any]] = []
+    for gate in request.gates:
+        for load in request.loads:
+            config = config_for_load(
+                server,
+                workload,
+                load=load,
+                duration_s=request.duration_s,
+                ttft_slo_s=default.ttft_slo_seconds,
+                front=fronts[gate],
+                concurrency=thresholds.concurrency_cap,
+                seed=request.seed,
+            )
+            run_report: dict[str, Any] = {"load": load, **simulate(config).as_dict()}
+            if exponential:
+                w = mm1_time_in_system(config.arrival_rate_rps, config.capacity_rps)
+                run_report["mm1_time_in_system_s"] = w if math.isfinite(w) else None
+            runs.append(run_report)
+    return {
+        "calibration_id": thresholds.calibration_id,
+        "model": thresholds.model,
+        "service": request.service,
+        "ttft_slo_s": default.ttft_slo_seconds,
+        "default_class": default.name,
+        "classes": [{"name": c.name, "ttft_slo_s": c.ttft_slo_seconds} for c in thresholds.classes],
+        "prompt_tokens": describe(request.prompt_tokens),
+        "output_tokens": describe(request.output_tokens),
+        "warnings": workload_warnings(server, workload, default, request.gates),
+        "concurrency_cap": thresholds.concurrency_cap,
+        "client_timeout_s": timeout if math.isfinite(timeout) else None,
+        "capacity_rps": runs[0]["capacity_rps"],
+        "runs": runs,
+    }
+
+
+def slo_title(report: dict[str, Any]) -> str:
+    """Each class's TTFT SLO, and which one the arrivals (and goodput) are judged by."""
+    classes = report["classes"]
+    if len(classes) == 1:
+        return f"TTFT SLO {report['ttft_slo_s']:g} s"
+    each = ", ".join(f"{c['name']} {c['ttft_slo_s']:g} s" for c in classes)
+    return f"TTFT SLO {each} (arrivals: {report['default_class']}, the default class)"
+
+
+def _seconds(value: float | None) -> str:
+    return f"{value:.2f} s" if value is not None else "-"
+
+
+def table(report: dict[str, Any]) -> Table:
+    """One row per gate and load."""
+    timeout = report["client_timeout_s"]
+    patience = f"clients give up after {timeout:g} s" if timeout is not None else "patient clients"
+    lengths = (
+        "chat mix"
+        if report["prompt_tokens"] == report["output_tokens"] == CHAT
+        else f"prompts {report['prompt_tokens']}, outputs {report['output_tokens']} tokens"
+    )
+    t = Table(
+        title=(
+            f"{report['model']}: capacity μ {report['capacity_rps']:.3f} req/s, {slo_title(report)}, "
+            f"{lengths}, {patience} ({report['service']} service)"
+        )
+    )
+    columns = ("gate", "load", "offered", "admitted", "rejected", "timed out", "within SLO", "goodput")
+    for column in (*columns, "p50 TTFT", "p99 TTFT", "mean W", "util"):
+        t.add_column(column, justify="left" if column == "gate" else "right")
+    for r in report["runs"]:
+        t.add_row(
+            r["gate"],
+            f"{r['load']:g}x",
+            *(str(r[k]) for k in ("offered", "admitted", "rejected", "timed_out", "completed_within_slo")),
+            f"{r['goodput_rps']:.3f} req/s",
+            _seconds(r["ttft_p50_s"]),
+            _seconds(r["ttft_p99_s"]),
+            _seconds(r["mean_time_in_system_s"]),
+            f"{r['utilization']:.0%}",
+        )
+    return t

@@ -1,0 +1,272 @@
+"""What stands between the simulated clients and the simulated llama-server: one interface.
+
+A front hears a request's arrival, its first token, its end, its client leaving while it
+waits in front, and its deadline; it answers with what to do: forward requests to the
+server, refuse them, or hold one (until a later event forwards or refuses it). The
+simulator runs any front the same way; only the fronts know what they are.
+
+- ``direct``: llama-server alone: everything is forwarded to its own queue.
+- ``count-cap``: at most ``concurrency`` forwarded, ``queue`` more held in a FIFO, the
+  rest refused (the usual magic numbers).
+- ``slogate``: the core's GateMachine, the sidecar's very own, in virtual time.
+
+A run is configured with a front's *spec* (``Direct``, ``CountCapped``, ``Gated``: a
+name and what that front needs, nothing else), which builds a fresh front per run.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Hashable
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from slogate_admission.decision import Decision, Request
+from slogate_admission.deferral_queue import Waiter
+from slogate_admission.gate_machine import GateMachine, Resolution
+from slogate_admission.ledger import Ticket
+from slogate_admission.schema import Thresholds
+from slogate_bench.limits import CountCap
+
+Key = Hashable
+"""The simulator's handle on a request (fronts never look inside it)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Forward:
+    """Send the request to the server, generating at most ``output_tokens``."""
+
+    key: Key
+    output_tokens: int
+    decision: Decision | None = None
+    """slogate's admitting decision (None for fronts that decide nothing)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Refuse:
+    """Answer at once: no capacity (a 429 or 503)."""
+
+    key: Key
+    decision: Decision | None = None
+    """slogate's refusing decision: reasons and Retry-After."""
+
+
+@dataclass(frozen=True, slots=True)
+class Hold:
+    """Keep the request in front until an event forwards or refuses it, or ``deadline``."""
+
+    key: Key
+    deadline: float = math.inf
+    decision: Decision | None = None
+
+
+Answer = Forward | Refuse | Hold
+
+
+class Front(Protocol):
+    """The events a front hears; each returns what became of the requests it concerns."""
+
+    def arrive(self, key: Key, prompt_tokens: int, output_tokens: int, now: float) -> Answer:
+        """A request arrives."""
+        ...
+
+    def first_token(self, key: Key, now: float) -> list[Forward | Refuse]:
+        """A forwarded request's first token came."""
+        ...
+
+    def ended(self, key: Key, now: float) -> list[Forward | Refuse]:
+        """A forwarded request ended: completed, or its client left."""
+        ...
+
+    def left(self, key: Key, now: float) -> list[Forward | Refuse]:
+        """A held request's client left."""
+        ...
+
+    def deadline(self, key: Key, now: float) -> list[Forward | Refuse]:
+        """A held request's deadline came."""
+        ...
+
+
+class DirectFront:
+    """llama-server alone."""
+
+    def arrive(self, key: Key, prompt_tokens: int, output_tokens: int, now: float) -> Answer:
+        """Everything goes in."""
+        return Forward(key, output_tokens)
+
+    def first_token(self, key: Key, now: float) -> list[Forward | Refuse]:
+        """Nothing to do."""
+        return []
+
+    def ended(self, key: Key, now: float) -> list[Forward | Refuse]:
+        """Nothing to do."""
+        return []
+
+    def left(self, key: Key, now: float) -> list[Forward | Refuse]:
+        """Never holds anything."""
+        return []
+
+    def deadline(self, key: Key, now: float) -> list[Forward | Refuse]:
+        """Never holds anything."""
+        return []
+
+
+@dataclass(slots=True, eq=False)
+class CountCapFront:
+    """A fixed concurrency with a FIFO in front: the baseline a careful operator configures."""
+
+    cap: CountCap
+    in_flight: set[Key] = field(default_factory=set)
+    held: deque[tuple[Key, int]] = field(default_factory=deque)
+
+    def arrive(self, key: Key, prompt_tokens: int, output_tokens: int, now: float) -> Answer:
+        """Forward while under the cap, hold while the queue has room, else refuse."""
+        if len(self.in_flight) < self.cap.concurrency:
+            self.in_flight.add(key)
+            return Forward(key, output_tokens)
+        if len(self.held) < self.cap.queue:
+            self.held.append((key, output_tokens))
+            return Hold(key)
+        return Refuse(key)
+
+    def first_token(self, key: Key, now: float) -> list[Forward | Refuse]:
+        """A count cap does not see first tokens."""
+        return []
+
+    def ended(self, key: Key, now: float) -> list[Forward | Refuse]:
+        """Its place goes to the head of the queue."""
+        if key not in self.in_flight:
+            return []
+        self.in_flight.discard(key)
+        if not self.held:
+            return []
+        nxt, output_tokens = self.held.popleft()
+        self.in_flight.add(nxt)
+        return [Forward(nxt, output_tokens)]
+
+    def left(self, key: Key, now: float) -> list[Forward | Refuse]:
+        """Out of the queue."""
+        for i, (held, _) in enumerate(self.held):
+            if held == key:
+                del self.held[i]
+                break
+        return []
+
+    def deadline(self, key: Key, now: float) -> list[Forward | Refuse]:
+        """Its queue has no deadline."""
+        return []
+
+
+class SlogateFront:
+    """The GateMachine: every arrival of the default class, the calibrated prefill rate."""
+
+    def __init__(self, thresholds: Thresholds) -> None:
+        self.machine = GateMachine()
+        self.machine.load(thresholds, 0.0)
+        self._tickets: dict[Key, Ticket] = {}
+        self._waiters: dict[Key, Waiter] = {}
+        self._keys: dict[Waiter, Key] = {}
+
+    def swap(self, thresholds: Thresholds, now: float) -> list[Forward | Refuse]:
+        """New thresholds in force (as pushed to a sidecar); waiters are judged again."""
+        return self._answers(self.machine.load(thresholds, now))
+
+    def arrive(
+        self, key: Key, prompt_tokens: int, output_tokens: int, now: float, class_name: str | None = None
+    ) -> Answer:
+        """Admit, defer (held until its deadline at the latest) or reject; the default class
+        unless ``class_name`` says otherwise (the simulator's arrivals have none)."""
+        verdict = self.machine.arrive(Request(prompt_tokens, output_tokens, class_name), now)
+        if verdict.ticket is not None:
+            return self._forward(key, verdict.ticket, verdict.decision)
+        if verdict.waiter is not None:
+            self._waiters[key] = verdict.waiter
+            self._keys[verdict.waiter] = key
+            return Hold(key, verdict.waiter.deadline, verdict.decision)
+        return Refuse(key, verdict.decision)
+
+    def first_token(self, key: Key, now: float) -> list[Forward | Refuse]:
+        """The prompt left the queue: waiters may now fit."""
+        ticket = self._tickets.get(key)
+        return self._answers(self.machine.first_token(ticket, now)) if ticket is not None else []
+
+    def ended(self, key: Key, now: float) -> list[Forward | Refuse]:
+        """Its slot and KV return: waiters may now fit."""
+        ticket = self._tickets.pop(key, None)
+        return self._answers(self.machine.release(ticket, now)) if ticket is not None else []
+
+    def left(self, key: Key, now: float) -> list[Forward | Refuse]:
+        """Out of the deferral queue."""
+        waiter = self._waiters.pop(key, None)
+        if waiter is not None:
+            del self._keys[waiter]
+            self.machine.cancel(waiter)
+        return []
+
+    def deadline(self, key: Key, now: float) -> list[Forward | Refuse]:
+        """Judged a last time: admitted if it fits by now, else refused."""
+        waiter = self._waiters.get(key)
+        if waiter is None:
+            return []
+        expired = self.machine.expire(waiter, now)
+        return self._answers([expired]) if expired is not None else []
+
+    def _answers(self, resolutions: list[Resolution]) -> list[Forward | Refuse]:
+        answers: list[Forward | Refuse] = []
+        for r in resolutions:
+            key = self._keys.pop(r.waiter)
+            del self._waiters[key]
+            if r.ticket is not None:
+                answers.append(self._forward(key, r.ticket, r.decision))
+            else:
+                answers.append(Refuse(key, r.decision))
+        return answers
+
+    def _forward(self, key: Key, ticket: Ticket, decision: Decision) -> Forward:
+        self._tickets[key] = ticket
+        return Forward(key, ticket.output_tokens, decision)
+
+
+@dataclass(frozen=True, slots=True)
+class Direct:
+    """llama-server alone."""
+
+    name: str = "none"
+
+    def build(self) -> Front:
+        """A fresh front for one run."""
+        return DirectFront()
+
+
+@dataclass(frozen=True, slots=True)
+class CountCapped:
+    """A count cap in front."""
+
+    cap: CountCap
+    name: str = "count-cap"
+
+    def build(self) -> Front:
+        """A fresh front for one run."""
+        return CountCapFront(self.cap)
+
+
+@dataclass(frozen=True, slots=True)
+class Gated:
+    """slogate in front, with these thresholds."""
+
+    thresholds: Thresholds
+    name: str = "slogate"
+
+    def build(self) -> Front:
+        """A fresh front for one run (an empty GateMachine)."""
+        return SlogateFront(self.thresholds)
+
+
+FrontSpec = Direct | CountCapped | Gated
+"""Which front a simulated run puts before llama-server."""
+
+
+def line_up(thresholds: Thresholds, cap: CountCap) -> dict[str, FrontSpec]:
+    """Every front by its name, tuned from one calibration: what `slogate simulate` compares."""
+    return {"none": Direct(), "slogate": Gated(thresholds), "count-cap": CountCapped(cap)}

@@ -1,0 +1,144 @@
+"""The controllers Kubernetes would run, played by the tests against an emulated cluster:
+the Job controller and the scheduler/kubelet for a calibration Job's pod, the Deployment
+controller for a Deployment's pods and status. Every write goes through the API as theirs
+would (pods created from the template, status through /status)."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from emulated_cluster import DEPLOYMENTS, JOBS, NS, PODS, Cluster
+from kube_writes import now
+from slogate_operator import names
+
+# ------------------------------------------------------------------------------ Jobs
+
+
+def job_names(cluster: Cluster, ns: str = NS) -> list[str]:
+    return sorted(j["metadata"]["name"] for j in cluster.list(JOBS, ns))
+
+
+def _job_pod(cluster: Cluster, job_name: str, ns: str) -> str:
+    """Create a pod of the Job as the Job controller does: the template, owned by the Job."""
+    job = cluster.get(JOBS, job_name, ns)
+    assert job is not None, f"no Job {job_name}"
+    pod = {
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {
+            "name": f"{job_name}-{uuid.uuid4().hex[:5]}",
+            "labels": dict(job["spec"]["template"]["metadata"]["labels"]),
+            "ownerReferences": [{"apiVersion": "batch/v1", "kind": "Job", "name": job_name,
+                                 "uid": job["metadata"]["uid"], "controller": True, "blockOwnerDeletion": True}],
+        },
+        "spec": job["spec"]["template"]["spec"],
+    }  # fmt: skip
+    return str(cluster.create(PODS, pod, ns)["metadata"]["name"])
+
+
+def job_pod(cluster: Cluster, job_name: str, calibrator: dict[str, Any], phase: str, ns: str = NS) -> dict[str, Any]:
+    """The Job's pod (as the Job controller), then its status with the calibrator container
+    in the given terminated state (as the kubelet)."""
+    name = _job_pod(cluster, job_name, ns)
+    status = {"phase": phase, "containerStatuses": [
+        {"name": names.CALIBRATOR_CONTAINER, "ready": False, "restartCount": 0, "image": "slogate",
+         "imageID": "", "state": {"terminated": calibrator}},
+    ]}  # fmt: skip
+    return cluster.patch(PODS, name, {"status": status}, ns, sub="status")
+
+
+def pending_job_pod(
+    cluster: Cluster, job_name: str, reason: str = "Unschedulable", message: str = "", ns: str = NS
+) -> dict[str, Any]:
+    """The Job's pod, created and left Pending by the scheduler (PodScheduled False with
+    ``reason`` and ``message``, e.g. "0/3 nodes are available: 3 Insufficient cpu.")."""
+    name = _job_pod(cluster, job_name, ns)
+    scheduled = {"type": "PodScheduled", "status": "False", "reason": reason, "message": message,
+                 "lastTransitionTime": now()}  # fmt: skip
+    status = {"phase": "Pending", "conditions": [scheduled]}
+    return cluster.patch(PODS, name, {"status": status}, ns, sub="status")
+
+
+def complete_job(cluster: Cluster, job_name: str, message: str, ns: str = NS) -> None:
+    """The calibrator exited 0 with ``message`` as its termination message; the Job completes."""
+    job_pod(cluster, job_name, {"exitCode": 0, "reason": "Completed", "message": message}, "Succeeded", ns)
+    conditions = [{"type": "SuccessCriteriaMet", "status": "True"}, {"type": "Complete", "status": "True"}]
+    cluster.patch(JOBS, job_name, {"status": {"succeeded": 1, "conditions": conditions}}, ns, sub="status")
+
+
+def fail_job(
+    cluster: Cluster, job_name: str, log_tail: str, reason: str = "BackoffLimitExceeded", ns: str = NS
+) -> None:
+    """The calibrator failed (its log tail is the message); the Job fails with ``reason``."""
+    job_pod(cluster, job_name, {"exitCode": 2, "reason": "Error", "message": log_tail}, "Failed", ns)
+    failed = {
+        "type": "Failed",
+        "status": "True",
+        "reason": reason,
+        "message": "Job has reached the specified backoff limit",
+    }
+    cluster.patch(JOBS, job_name, {"status": {"failed": 1, "conditions": [failed]}}, ns, sub="status")
+
+
+# ------------------------------------------------------------------------------ Deployments
+
+
+def run_pods(cluster: Cluster, deployment_name: str, ips: list[str], ns: str = NS) -> list[str]:
+    """Running pods of the Deployment's current template, one per IP; their sidecars run."""
+    deployment = cluster.get(DEPLOYMENTS, deployment_name, ns)
+    assert deployment is not None
+    template = deployment["spec"]["template"]
+    made = []
+    for index, ip in enumerate(ips):
+        statuses = [
+            {"name": c["name"], "ready": False, "restartCount": 0, "image": c["image"], "imageID": "",
+             "state": {"running": {"startedAt": now()}}}
+            for c in template["spec"]["containers"]
+        ]  # fmt: skip
+        pod = {
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": f"{deployment_name}-{index}-{uuid.uuid4().hex[:5]}",
+                         "labels": dict(template["metadata"]["labels"])},
+            "spec": template["spec"],
+        }  # fmt: skip
+        name = cluster.create(PODS, pod, ns)["metadata"]["name"]
+        status = {"phase": "Running", "podIP": ip, "podIPs": [{"ip": ip}], "containerStatuses": statuses}
+        cluster.patch(PODS, name, {"status": status}, ns, sub="status")
+        made.append(name)
+    return made
+
+
+def write_deployment_status(
+    cluster: Cluster,
+    name: str,
+    *,
+    replicas: int | None = None,
+    ready_replicas: int | None = None,
+    observed_generation: int | None = None,
+    conditions: list[dict[str, Any]] | None = None,
+    ns: str = NS,
+) -> dict[str, Any]:
+    """The Deployment controller's status write, through /status (a status-only watch
+    event, no new generation). Defaults: the spec's replicas, all ready, the current
+    generation observed, Available and Progressing."""
+    deployment = cluster.get(DEPLOYMENTS, name, ns)
+    assert deployment is not None, f"no Deployment {name}"
+    replicas = int(deployment["spec"].get("replicas", 1)) if replicas is None else replicas
+    ready = replicas if ready_replicas is None else ready_replicas
+    stamp = now()
+    status: dict[str, Any] = {
+        "observedGeneration": deployment["metadata"]["generation"] if observed_generation is None
+        else observed_generation,
+        "replicas": replicas, "updatedReplicas": replicas, "readyReplicas": ready, "availableReplicas": ready,
+        "conditions": conditions if conditions is not None else [
+            {"type": "Available", "status": "True" if ready else "False", "reason": "MinimumReplicasAvailable",
+             "message": "Deployment has minimum availability.", "lastUpdateTime": stamp, "lastTransitionTime": stamp},
+            {"type": "Progressing", "status": "True", "reason": "NewReplicaSetAvailable",
+             "message": f'ReplicaSet "{name}" has successfully progressed.', "lastUpdateTime": stamp,
+             "lastTransitionTime": stamp},
+        ],
+    }  # fmt: skip
+    if ready < replicas:
+        status["unavailableReplicas"] = replicas - ready
+    # A whole-status replacement, as the controller's UpdateStatus.
+    return cluster.json_patch(DEPLOYMENTS, name, [{"op": "add", "path": "/status", "value": status}], ns, sub="status")
