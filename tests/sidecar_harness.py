@@ -47,7 +47,7 @@ class RunningSidecar:
     async def wait_idle(self) -> bool:
         """Wait (bounded, 10 s) until the gate's books are empty: handlers end after clients."""
         for _ in range(200):
-            if self.sidecar.gate.ledger.is_idle():
+            if self.sidecar.gate.is_idle():
                 return True
             await asyncio.sleep(0.05)
         return False

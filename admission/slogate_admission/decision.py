@@ -80,7 +80,7 @@ class GateConfig:
             for c in t.classes
         }
         return cls(
-            prefill=PrefillCurve(t.prefill_intercept_s, t.prefill_linear_s, t.prefill_quadratic_s),
+            prefill=t.prefill_curve,
             decode=DecodeCurve(t.decode_tokens_per_second),
             prefill_tokens_per_s=t.prefill_tokens_per_second,
             decode_streams_cap=t.decode_streams_cap if t.tpot_slo_seconds is not None else sys.maxsize,

@@ -47,11 +47,6 @@ def prefill_curve(profile: CalibrationProfile) -> PrefillCurve:
     return PrefillCurve(fit.intercept_s, fit.linear_s, fit.quadratic_s)
 
 
-def thresholds_prefill_curve(t: Thresholds) -> PrefillCurve:
-    """The T_prefill(n) that thresholds carry (the calibration's, copied at derivation)."""
-    return PrefillCurve(t.prefill_intercept_s, t.prefill_linear_s, t.prefill_quadratic_s)
-
-
 def decode_curve(profile: CalibrationProfile) -> DecodeCurve:
     """The measured per-stream decode speeds of a profile, B = 1..N."""
     return DecodeCurve(tuple(p.tokens_per_second for p in profile.decode))
@@ -225,7 +220,7 @@ def reference_prompt_warnings(t: Thresholds) -> tuple[str, ...]:
     Such thresholds derive (short prompts are admitted) but every prompt longer than
     ``longest_prompt_within`` the budget is rejected, however idle the server: worth
     saying before the first 400s or 429s do."""
-    curve = thresholds_prefill_curve(t)
+    curve = t.prefill_curve
     needed = curve.seconds(t.reference_prompt_tokens)
     warnings: list[str] = []
     for c in t.classes:

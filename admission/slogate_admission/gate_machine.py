@@ -17,7 +17,7 @@ import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from slogate_admission.decision import Decision, GateConfig, Outcome, Request, decide
+from slogate_admission.decision import Decision, GateConfig, LiveState, Outcome, Request, decide
 from slogate_admission.deferral_queue import DeferralQueue, Waiter
 from slogate_admission.ledger import Ledger, Ticket
 from slogate_admission.schema import Thresholds
@@ -76,6 +76,19 @@ class GateMachine:
             raise GateNotReady("no thresholds loaded")
         return self._config
 
+    @property
+    def deferred(self) -> int:
+        """Requests waiting in the deferral queue."""
+        return len(self.queue)
+
+    def accounting(self, now: float) -> LiveState:
+        """The books as /state and the metrics show them: every deferred request counted."""
+        return self.ledger.snapshot(now, None, self.deferred)
+
+    def is_idle(self) -> bool:
+        """Nothing queued, decoding, reserved or deferred."""
+        return self.ledger.is_idle() and not self.queue
+
     # ------------------------------------------------------------------ events
 
     def load(self, thresholds: Thresholds, now: float) -> list[Resolution]:
@@ -95,7 +108,6 @@ class GateMachine:
         rank = self._ranks.get(decision.class_name, len(self._ranks))
         waiter = Waiter(rank, request, now, now + decision.max_wait_s, decision)
         self.queue.push(waiter)
-        self.ledger.deferred += 1
         return Verdict(decision, waiter=waiter)
 
     def first_token(self, ticket: Ticket, now: float) -> list[Resolution]:
@@ -162,7 +174,4 @@ class GateMachine:
         return self.ledger.admit(decision, request.prompt_tokens, now, decode_s)
 
     def _dequeue(self, waiter: Waiter) -> bool:
-        if not self.queue.remove(waiter):
-            return False
-        self.ledger.deferred -= 1
-        return True
+        return self.queue.remove(waiter)

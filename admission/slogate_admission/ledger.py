@@ -40,7 +40,6 @@ class Ledger:
     queued_prefill_tokens: int = 0
     streams: int = 0
     reserved_kv_tokens: int = 0
-    deferred: int = 0
     _tickets: set[Ticket] = field(default_factory=set)
 
     def admit(self, decision: Decision, prompt_tokens: int, now: float, decode_s: float) -> Ticket:
@@ -88,27 +87,20 @@ class Ledger:
             return 0.0
         return max(min(t.expected_end for t in self._tickets) - now, 0.0)
 
-    def snapshot(self, now: float, prefill_tokens_per_s: float | None, deferred_ahead: int | None = None) -> LiveState:
-        """The live state the core's decide() reads.
-
-        ``deferred_ahead``: the deferred requests the one being judged would wait behind
-        (its class and above); None: all of them (the accounting shown in /state).
-        """
+    def snapshot(self, now: float, prefill_tokens_per_s: float | None, deferred: int) -> LiveState:
+        """The live state the core's decide() reads. ``deferred``: the deferred requests the
+        one being judged would wait behind (the queue is the gate's, not the ledger's)."""
         return LiveState(
             queued_prefill_tokens=float(self.queued_prefill_tokens),
             streams=self.streams,
             reserved_kv_tokens=self.reserved_kv_tokens,
-            deferred=self.deferred if deferred_ahead is None else deferred_ahead,
+            deferred=deferred,
             prefill_tokens_per_s=prefill_tokens_per_s,
             next_release_s=self.next_release_s(now),
         )
 
     def is_idle(self) -> bool:
-        """Nothing queued, decoding, reserved or deferred."""
+        """Nothing queued, decoding or reserved."""
         return (
-            self.queued_prefill_tokens == 0
-            and self.streams == 0
-            and self.reserved_kv_tokens == 0
-            and self.deferred == 0
-            and not self._tickets
+            self.queued_prefill_tokens == 0 and self.streams == 0 and self.reserved_kv_tokens == 0 and not self._tickets
         )

@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic.alias_generators import to_camel
 
 from slogate_admission.output_tokens import OutputTokenEstimate
+from slogate_admission.service import PrefillCurve
 
 # Strict: a JSON `false` is not 0 seconds (lax float parsing would take it); ints still are.
 PositiveSeconds = Annotated[float, Field(gt=0, allow_inf_nan=False, strict=True)]
@@ -351,6 +352,11 @@ class Thresholds(Model):
     """Conservative (p95) tokens per character, to estimate n_in without tokenizing."""
     reference_prompt_tokens: Annotated[int, Field(ge=1)]
     reference_output_tokens: Annotated[int, Field(ge=1)]
+
+    @property
+    def prefill_curve(self) -> PrefillCurve:
+        """The calibration's T_prefill(n), as these thresholds carry it."""
+        return PrefillCurve(self.prefill_intercept_s, self.prefill_linear_s, self.prefill_quadratic_s)
 
     @property
     def default_class_thresholds(self) -> ClassThresholds:

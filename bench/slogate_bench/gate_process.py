@@ -114,7 +114,7 @@ async def spawned_gate(
     gate = GateProcess(f"http://127.0.0.1:{port}", f"http://127.0.0.1:{admin_port}", child.pid)
     try:
         # Readiness is on the client port.
-        await until_ready("the sidecar", gate.url + "/readyz", child, ready_timeout_s, log_file)
+        await until_ready("the sidecar", gate.url + "/readyz", lambda: child.returncode, ready_timeout_s, log_file)
         yield gate
     finally:
         await stop_process(child)

@@ -25,13 +25,11 @@ from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
 
-import aiohttp
-
 from slogate_admission.decision import GateConfig, LiveState, Request, decide
 from slogate_admission.derivation import derive_thresholds
 from slogate_admission.schema import CalibrationProfile, Policy, Thresholds
 from slogate_bench.process_fronts import SlogateFront
-from slogate_bench.processes import free_port
+from slogate_bench.processes import free_port, until_ready
 from slogate_bench.stub_upstream import HOLD_TOKEN
 
 WRK_SCRIPT = """wrk.method = "POST"
@@ -92,19 +90,6 @@ def process(args: list[str]) -> Iterator[subprocess.Popen[bytes]]:
             proc.wait()
 
 
-async def wait_ready(url: str) -> None:
-    async with aiohttp.ClientSession() as session:
-        for _ in range(200):
-            try:
-                async with session.get(url) as r:
-                    if r.status == 200:
-                        return
-            except aiohttp.ClientError:
-                pass
-            await asyncio.sleep(0.05)
-    raise RuntimeError(f"{url} never became ready")
-
-
 def wrk(url: str, seconds: int, connections: int) -> dict[str, float]:
     """Run wrk on CPU 1; requests/s and non-2xx count."""
     with tempfile.NamedTemporaryFile("w", suffix=".lua", delete=False) as script:
@@ -141,8 +126,9 @@ async def sidecar_throughput(seconds: int = 10) -> dict[str, dict[str, float]]:
             derived_at=datetime.now(UTC),
         ),
     }
-    with process(["taskset", "-c", "1", sys.executable, "-m", "slogate_bench.stub_upstream", str(stub_port)]):
-        await wait_ready(stub + "/health")
+    stub_argv = ["taskset", "-c", "1", sys.executable, "-m", "slogate_bench.stub_upstream", str(stub_port)]
+    with process(stub_argv) as stub_process:
+        await until_ready("the stub upstream", stub + "/health", stub_process.poll, 10.0, None)
         for name, thresholds in cases.items():
             async with SlogateFront(thresholds, cpus="0").in_front_of(stub, work / name) as gate:
                 holder = None

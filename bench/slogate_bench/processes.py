@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
+from collections.abc import Callable
 from pathlib import Path
 
 import aiohttp
@@ -17,15 +18,17 @@ def free_port() -> int:
         return port
 
 
-async def until_ready(name: str, url: str, child: asyncio.subprocess.Process, timeout_s: float, log: Path) -> None:
+async def until_ready(
+    name: str, url: str, exit_code: Callable[[], int | None], timeout_s: float, log: Path | None
+) -> None:
     """Poll ``url`` until it answers 200; RuntimeError naming ``name`` and its ``log`` if the child
-    exits first or time runs out."""
+    exits first (``exit_code()`` is not None) or time runs out."""
     async with aiohttp.ClientSession() as session:
         try:
             async with asyncio.timeout(timeout_s):
                 while True:
-                    if child.returncode is not None:
-                        raise RuntimeError(f"{name} exited with {child.returncode} (see {log})")
+                    if (code := exit_code()) is not None:
+                        raise RuntimeError(f"{name} exited with {code}{_see(log)}")
                     try:
                         async with session.get(url) as r:
                             if r.status == 200:
@@ -34,7 +37,11 @@ async def until_ready(name: str, url: str, child: asyncio.subprocess.Process, ti
                         pass
                     await asyncio.sleep(0.1)
         except TimeoutError:
-            raise RuntimeError(f"{name} was not ready within {timeout_s:g} s (see {log})") from None
+            raise RuntimeError(f"{name} was not ready within {timeout_s:g} s{_see(log)}") from None
+
+
+def _see(log: Path | None) -> str:
+    return f" (see {log})" if log is not None else ""
 
 
 async def stop_process(child: asyncio.subprocess.Process, grace_s: float = 10.0) -> None:

@@ -21,7 +21,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from slogate_admission.derivation import derive_thresholds, reference_prompt_warnings, thresholds_prefill_curve
+from slogate_admission.derivation import derive_thresholds, reference_prompt_warnings
 from slogate_admission.schema import CalibrationProfile, ClassThresholds, Thresholds
 from slogate_bench.profile_cache import cached_or_calibrated
 from slogate_calibration.calibrate import DEFAULT_BUDGET_S, CalibrationSettings
@@ -133,7 +133,7 @@ def thresholds_table(profile: CalibrationProfile, t: Thresholds) -> Table:
 
 def l_max_derivation(t: Thresholds, c: ClassThresholds) -> str:
     """L_max = cap + ⌊μ · W⌋ with the numbers, and where W comes from."""
-    prefill_s = thresholds_prefill_curve(t).seconds(t.reference_prompt_tokens)
+    prefill_s = t.prefill_curve.seconds(t.reference_prompt_tokens)
     cap_on_wait = "" if t.max_wait_seconds is None else f", max wait {t.max_wait_seconds:g} s"
     return (
         f"cap {c.concurrency_cap} + ⌊μ {t.throughput_rps:.2f}/s x W {c.deferral_wait_seconds:.1f} s⌋ = "

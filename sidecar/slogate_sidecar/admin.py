@@ -119,7 +119,7 @@ def state(sidecar: Sidecar) -> dict[str, Any]:
             "queuedPrefillTokens": ledger.queued_prefill_tokens,
             "streams": ledger.streams,
             "reservedKvTokens": ledger.reserved_kv_tokens,
-            "deferred": ledger.deferred,
+            "deferred": sidecar.gate.deferred,
         },
         "rates": {
             "prefillTokensPerSecond": {
@@ -157,7 +157,7 @@ async def get_state(sidecar: Sidecar, _request: web.Request) -> web.Response:
 async def get_metrics(sidecar: Sidecar, _request: web.Request) -> web.Response:
     """GET /metrics: live gauges are read from the ledger at scrape time."""
     now = time.monotonic()
-    sidecar.metrics.set_accounting(sidecar.gate.ledger.snapshot(now, None))
+    sidecar.metrics.set_accounting(sidecar.gate.machine.accounting(now))
     sidecar.metrics.set_rates(sidecar.rates, now, sidecar.settings.rate_max_age_s)
     sidecar.metrics.upstream_up.set(1 if sidecar.upstream_up else 0)
     body, content_type = sidecar.metrics.exposition()

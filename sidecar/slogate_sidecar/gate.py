@@ -114,6 +114,15 @@ class Gate:
         """The live accounting."""
         return self.machine.ledger
 
+    @property
+    def deferred(self) -> int:
+        """Requests waiting for capacity."""
+        return self.machine.deferred
+
+    def is_idle(self) -> bool:
+        """Nothing queued, decoding, reserved or deferred: every counter back at zero."""
+        return self.machine.is_idle()
+
     def load(self, thresholds: Thresholds) -> None:
         """Swap in new thresholds atomically; waiters are judged again."""
         self._settle(self.machine.load(thresholds, self.clock()))

@@ -183,7 +183,7 @@ async def test_disconnect_storm_leaks_nothing_and_aborts_upstream(
         ledger.queued_prefill_tokens,
         ledger.streams,
         ledger.reserved_kv_tokens,
-        ledger.deferred,
+        gate.sidecar.gate.deferred,
     ) == (0, 0, 0, 0)
     for _ in range(100):  # llama-server notices closed connections within a decode step or two
         if await upstream_processing(llama_server) == 0:

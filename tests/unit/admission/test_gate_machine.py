@@ -49,7 +49,7 @@ def test_admit_books_a_ticket_and_its_end_returns_everything() -> None:
     assert ledger.queued_prefill_tokens == 0
     assert machine.release(verdict.ticket, 2.0) == []
     assert machine.release(verdict.ticket, 2.1) == []
-    assert ledger.is_idle()
+    assert machine.is_idle()
 
 
 def test_a_deferred_request_is_resolved_by_the_release_that_frees_its_slot() -> None:
@@ -60,7 +60,7 @@ def test_a_deferred_request_is_resolved_by_the_release_that_frees_its_slot() -> 
     waiter = verdict.waiter
     assert waiter is not None
     assert waiter.deadline == pytest.approx(0.5 + verdict.decision.max_wait_s)
-    assert machine.ledger.deferred == 1
+    assert machine.deferred == 1
     assert held[0] is not None
     (resolution,) = machine.release(held[0], 1.5)
     assert resolution.waiter is waiter
@@ -70,11 +70,11 @@ def test_a_deferred_request_is_resolved_by_the_release_that_frees_its_slot() -> 
     expected = 1.0 + 50 / machine.config.prefill_tokens_per_s + machine.config.prefill.seconds(50)
     assert resolution.decision.predicted_ttft_s == pytest.approx(expected)
     assert resolution.ticket is not None
-    assert machine.ledger.deferred == 0
+    assert machine.deferred == 0
     for ticket in (held[1], resolution.ticket):
         assert ticket is not None
         machine.release(ticket, 2.0)
-    assert machine.ledger.is_idle()
+    assert machine.is_idle()
 
 
 def test_waiters_are_resolved_in_priority_order_then_arrival_order() -> None:
@@ -83,7 +83,7 @@ def test_waiters_are_resolved_in_priority_order_then_arrival_order() -> None:
     batch = machine.arrive(Request(50, 20, "batch"), 0.1).waiter
     first = machine.arrive(Request(50, 20, "interactive"), 0.2).waiter
     second = machine.arrive(Request(50, 20, "interactive"), 0.3).waiter
-    assert machine.ledger.deferred == 3
+    assert machine.deferred == 3
     assert held[0] is not None
     assert held[1] is not None
     resolved = machine.release(held[0], 1.0) + machine.release(held[1], 1.0)
@@ -105,7 +105,7 @@ def test_an_expired_wait_is_refused_with_its_reasons_unless_it_fits_by_then() ->
     assert refused.decision.outcome is Outcome.REJECT
     assert refused.decision.reasons == (Reason.CONCURRENCY,)  # it does not count itself as ahead
     assert machine.expire(waiter, 0.6) is None  # already gone
-    assert machine.ledger.deferred == 0
+    assert machine.deferred == 0
     # A waiter whose slot is free when its deadline comes (no event woke it) is admitted.
     late = machine.arrive(Request(50, 20), 1.0).waiter
     assert late is not None
@@ -126,7 +126,7 @@ def test_a_client_leaving_takes_its_waiter_out() -> None:
     assert not machine.cancel(waiter)
     assert held[0] is not None
     assert machine.release(held[0], 1.0) == []  # nobody left to wake
-    assert machine.ledger.deferred == 0
+    assert machine.deferred == 0
 
 
 def test_new_thresholds_resolve_waiters() -> None:

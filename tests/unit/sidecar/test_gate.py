@@ -76,25 +76,25 @@ async def test_admit_first_token_release_returns_to_zero(gate: Gate) -> None:
     assert gate.ledger.queued_prefill_tokens == 0
     gate.release(ticket)
     gate.release(ticket)  # idempotent
-    assert gate.ledger.is_idle()
+    assert gate.is_idle()
 
 
 async def test_deferred_request_admitted_when_a_stream_ends(gate: Gate) -> None:
     held = [(await gate.acquire(Request(50, 20, "interactive"), ORIGIN)).ticket for _ in range(2)]
     waiting = asyncio.create_task(gate.acquire(Request(50, 20, "interactive"), ORIGIN))
     await asyncio.sleep(0)
-    assert gate.ledger.deferred == 1
+    assert gate.deferred == 1
     assert held[0] is not None
     gate.release(held[0])
     admission = await waiting
     decision, ticket = admission.final, admission.ticket
     assert decision.outcome is Outcome.ADMIT
     assert ticket is not None
-    assert gate.ledger.deferred == 0
+    assert gate.deferred == 0
     for t in (held[1], ticket):
         assert t is not None
         gate.release(t)
-    assert gate.ledger.is_idle()
+    assert gate.is_idle()
 
 
 async def test_waiters_admitted_in_priority_order(gate: Gate) -> None:
@@ -113,7 +113,7 @@ async def test_waiters_admitted_in_priority_order(gate: Gate) -> None:
     await asyncio.sleep(0)
     interactive = asyncio.create_task(wait("interactive"))
     await asyncio.sleep(0)
-    assert gate.ledger.deferred == 2
+    assert gate.deferred == 2
     assert held[0] is not None
     gate.release(held[0])  # one slot frees: the higher class, though it came second
     await settle()
@@ -122,7 +122,7 @@ async def test_waiters_admitted_in_priority_order(gate: Gate) -> None:
     gate.release(held[1])
     await asyncio.gather(batch, interactive)
     assert order == ["interactive", "batch"]
-    assert gate.ledger.is_idle()
+    assert gate.is_idle()
 
 
 async def test_deferral_times_out_into_a_rejection() -> None:
@@ -138,11 +138,11 @@ async def test_deferral_times_out_into_a_rejection() -> None:
     assert decision.reasons == (Reason.CONCURRENCY,)
     assert ticket is None
     assert decision.retry_after_s is not None
-    assert gate.ledger.deferred == 0
+    assert gate.deferred == 0
     for t in held:
         assert t is not None
         gate.release(t)
-    assert gate.ledger.is_idle()
+    assert gate.is_idle()
 
 
 async def test_client_leaving_while_deferred_leaks_nothing(gate: Gate) -> None:
@@ -152,11 +152,11 @@ async def test_client_leaving_while_deferred_leaks_nothing(gate: Gate) -> None:
     waiting.cancel()
     with pytest.raises(asyncio.CancelledError):
         await waiting
-    assert gate.ledger.deferred == 0
+    assert gate.deferred == 0
     for t in held:
         assert t is not None
         gate.release(t)
-    assert gate.ledger.is_idle()
+    assert gate.is_idle()
 
 
 async def test_ticket_granted_as_the_client_leaves_is_released(gate: Gate) -> None:
@@ -170,7 +170,7 @@ async def test_ticket_granted_as_the_client_leaves_is_released(gate: Gate) -> No
         await waiting
     assert held[1] is not None
     gate.release(held[1])
-    assert gate.ledger.is_idle()
+    assert gate.is_idle()
 
 
 async def test_an_arrival_beyond_its_class_l_max_is_refused_at_once() -> None:
@@ -179,7 +179,7 @@ async def test_an_arrival_beyond_its_class_l_max_is_refused_at_once() -> None:
     held = (await gate.acquire(Request(50, 20, "batch"), ORIGIN)).ticket
     waiting = asyncio.create_task(gate.acquire(Request(50, 20, "batch"), ORIGIN))
     await asyncio.sleep(0)
-    assert gate.ledger.deferred == 1
+    assert gate.deferred == 1
     # 1 in service + 1 deferred ahead = L_max 2: the server frees no slot for a third in time.
     third = await gate.acquire(Request(50, 20, "batch"), ORIGIN)
     assert third.first.outcome is Outcome.REJECT
@@ -188,7 +188,7 @@ async def test_an_arrival_beyond_its_class_l_max_is_refused_at_once() -> None:
     # A higher class queues ahead of batch waiters: they do not count against it.
     interactive = asyncio.create_task(gate.acquire(Request(50, 20, "interactive"), ORIGIN))
     await asyncio.sleep(0)
-    assert gate.ledger.deferred == 2
+    assert gate.deferred == 2
     assert held is not None
     gate.release(held)
     first = await interactive
@@ -199,7 +199,7 @@ async def test_an_arrival_beyond_its_class_l_max_is_refused_at_once() -> None:
     assert second.final.outcome is Outcome.ADMIT
     assert second.ticket is not None
     gate.release(second.ticket)
-    assert gate.ledger.is_idle()
+    assert gate.is_idle()
 
 
 async def test_derived_l_max_lets_a_batch_request_wait_for_a_slot() -> None:
@@ -211,7 +211,7 @@ async def test_derived_l_max_lets_a_batch_request_wait_for_a_slot() -> None:
     held = [(await gate.acquire(Request(50, 20, "interactive"), ORIGIN)).ticket for _ in range(2)]
     waiting = asyncio.create_task(gate.acquire(Request(50, 20, "batch"), ORIGIN))
     await asyncio.sleep(0)
-    assert gate.ledger.deferred == 1
+    assert gate.deferred == 1
     assert held[0] is not None
     gate.release(held[0])
     admitted = await waiting
@@ -219,7 +219,7 @@ async def test_derived_l_max_lets_a_batch_request_wait_for_a_slot() -> None:
     for t in (held[1], admitted.ticket):
         assert t is not None
         gate.release(t)
-    assert gate.ledger.is_idle()
+    assert gate.is_idle()
 
 
 async def test_new_thresholds_wake_waiters() -> None:
@@ -235,7 +235,7 @@ async def test_new_thresholds_wake_waiters() -> None:
     for t in (held, ticket):
         assert t is not None
         gate.release(t)
-    assert gate.ledger.is_idle()
+    assert gate.is_idle()
 
 
 async def test_reject_never_books_anything(gate: Gate) -> None:
@@ -244,7 +244,7 @@ async def test_reject_never_books_anything(gate: Gate) -> None:
     assert decision.outcome is Outcome.REJECT
     assert not decision.fits_ever
     assert ticket is None
-    assert gate.ledger.is_idle()
+    assert gate.is_idle()
 
 
 def test_ttft_correction_converges_and_is_bounded() -> None:

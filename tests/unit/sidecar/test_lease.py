@@ -67,7 +67,7 @@ async def test_each_outcome_is_heard_once_and_the_books_follow() -> None:
     lease.abandon()  # after completion: nothing more happens
     lease.complete(Usage(None, None))
     assert heard.events == [("first_token", pytest.approx(0.75)), ("completed", Usage(51, 20))]
-    assert gate.ledger.is_idle()
+    assert gate.is_idle()
 
 
 async def test_an_abandoned_request_returns_its_slot_and_says_so() -> None:
@@ -79,7 +79,7 @@ async def test_an_abandoned_request_returns_its_slot_and_says_so() -> None:
     lease.abandon()
     lease.first_token()  # too late: the lease has ended
     assert heard.events == [("abandoned", None)]
-    assert gate.ledger.is_idle()
+    assert gate.is_idle()
 
 
 async def test_the_ttft_learner_corrects_the_gates_rate_after_a_batch() -> None:
@@ -124,7 +124,7 @@ async def test_a_client_leaving_while_deferred_is_counted_under_its_resolved_cla
     held = (await gate.acquire(Request(50, 20), ORIGIN)).lease
     waiting = asyncio.create_task(gate.acquire(Request(50, 20, "no-such-class"), ORIGIN))
     await asyncio.sleep(0)
-    assert gate.ledger.deferred == 1
+    assert gate.deferred == 1
     waiting.cancel()
     with pytest.raises(asyncio.CancelledError):
         await waiting
@@ -138,5 +138,5 @@ async def test_a_client_leaving_while_deferred_is_counted_under_its_resolved_cla
     assert decided == 2
     assert held is not None
     held.abandon()
-    assert gate.ledger.is_idle()
+    assert gate.is_idle()
     assert (await gate.acquire(Request(50, 20), ORIGIN)).first.outcome is Outcome.ADMIT

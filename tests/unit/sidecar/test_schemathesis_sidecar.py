@@ -91,14 +91,14 @@ def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveSidecar]:
             async def books() -> dict[str, int]:
                 ledger = running.sidecar.gate.ledger
                 for _ in range(200):  # handlers end just after their clients have read everything
-                    if ledger.is_idle():
+                    if running.sidecar.gate.is_idle():
                         break
                     await asyncio.sleep(0.02)
                 return {
                     "queued": ledger.queued_prefill_tokens,
                     "streams": ledger.streams,
                     "kv": ledger.reserved_kv_tokens,
-                    "deferred": ledger.deferred,
+                    "deferred": running.sidecar.gate.deferred,
                 }
 
             started.append(LiveSidecar(running.url, running.admin_url, thresholds, asyncio.get_running_loop(), books))
