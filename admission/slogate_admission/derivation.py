@@ -8,6 +8,7 @@ number is the SLO combined with a measurement, and the inputs travel with it.
 from __future__ import annotations
 
 import math
+import statistics
 from datetime import datetime
 
 from slogate_admission.queueing import little_l_max
@@ -172,7 +173,25 @@ def derive_thresholds(
         tokens_per_char=profile.tokens_per_char.p95 if profile.tokens_per_char else None,
         reference_prompt_tokens=n_ref,
         reference_output_tokens=n_out_ref,
+        ttft_quantile=policy.slo.quantile,
+        ttft_margin_prior=ttft_margin_prior(profile, n_ref, policy.slo.quantile),
     )
+
+
+def ttft_margin_prior(profile: CalibrationProfile, n_ref: int, quantile: float) -> float:
+    """The TTFT margin a gate starts with (``ttft_error``): exp(z_q · σ), σ the measured
+    relative spread of one prefill timing at the prompt length nearest n_ref.
+
+    The least error any prediction has is the server's own timing noise, which the
+    calibration measured; the gate widens it from what first tokens show (load, HTTP,
+    batching) as soon as it has seen a few. A profile that recorded no spread gives 1.
+    """
+    points = [p for p in profile.prefill.points if p.spread is not None]
+    if not points:
+        return 1.0
+    nearest = min(points, key=lambda p: (abs(p.prompt_tokens - n_ref), p.prompt_tokens))
+    assert nearest.spread is not None
+    return math.exp(statistics.NormalDist().inv_cdf(quantile) * nearest.spread)
 
 
 def deferral_wait_s(ttft_slo_s: float, reference_prefill_s: float, max_wait_s: float | None) -> float:

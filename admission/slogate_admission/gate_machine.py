@@ -21,6 +21,7 @@ from slogate_admission.decision import Decision, GateConfig, LiveState, Outcome,
 from slogate_admission.deferral_queue import DeferralQueue, Waiter
 from slogate_admission.ledger import Ledger, Ticket
 from slogate_admission.schema import Thresholds
+from slogate_admission.ttft_error import TtftErrorModel
 
 RateSource = Callable[[float], float | None]
 """Given ``now``, the measured prefill rate if fresh, or None: then the calibrated one."""
@@ -55,9 +56,10 @@ class GateMachine:
 
     def __init__(self, prefill_rate: RateSource | None = None) -> None:
         self.prefill_rate: RateSource = prefill_rate or (lambda _now: None)
-        self.slowdown = 1.0
-        """How much slower than predicted first tokens come (a learner's TTFT correction):
-        the prefill rate in use, live or calibrated, is divided by it."""
+        self.errors: TtftErrorModel | None = None
+        """What first tokens taught of the TTFT prediction's error (``ttft_error``): the
+        prefill rate in use, live or calibrated, is divided by the bias at the streams in
+        service, and each class admits against its margin for the SLO's quantile."""
         self.ledger = Ledger()
         self.queue = DeferralQueue()
         self.thresholds: Thresholds | None = None
@@ -92,7 +94,20 @@ class GateMachine:
     # ------------------------------------------------------------------ events
 
     def load(self, thresholds: Thresholds, now: float) -> list[Resolution]:
-        """Swap in new thresholds whole; waiters are judged again under them."""
+        """Swap in new thresholds whole; waiters are judged again under them.
+
+        What was learned of the prediction's error is kept while it still describes the
+        same server (calibration), quantile and slots; otherwise it starts afresh."""
+        old = self.thresholds
+        if (
+            self.errors is None
+            or old is None
+            or (old.calibration_id, old.ttft_quantile, old.concurrency_cap)
+            != (thresholds.calibration_id, thresholds.ttft_quantile, thresholds.concurrency_cap)
+        ):
+            self.errors = TtftErrorModel.fresh(
+                thresholds.ttft_quantile, thresholds.ttft_margin_prior, thresholds.concurrency_cap
+            )
         self._config = GateConfig.from_thresholds(thresholds)
         self._ranks = {c.name: rank for rank, c in enumerate(thresholds.classes)}
         self.thresholds = thresholds
@@ -111,8 +126,16 @@ class GateMachine:
         return Verdict(decision, waiter=waiter)
 
     def first_token(self, ticket: Ticket, now: float) -> list[Resolution]:
-        """The request's first token came: its prompt left the prefill queue."""
-        return self._wake(now) if self.ledger.first_token(ticket) else []
+        """The request's first token came: its prompt left the prefill queue, and its
+        prediction is judged (``ttft_error``)."""
+        if not self.ledger.first_token(ticket):
+            return []
+        if self.errors is not None and self._config is not None:
+            slo = self._config.limits_for(ticket.class_name).ttft_slo_s
+            self.errors.observe(
+                ticket.class_name, slo, ticket.streams_before, ticket.predicted_remaining_s, now - ticket.admitted_at
+            )
+        return self._wake(now)
 
     def release(self, ticket: Ticket, now: float) -> list[Resolution]:
         """The request ended, however it ended: its slot and KV return."""
@@ -147,8 +170,12 @@ class GateMachine:
             deferred_ahead = self.queue.count_at_or_above(rank)
         live = self.prefill_rate(now)
         rate = live if live is not None else config.prefill_tokens_per_s
-        state = self.ledger.snapshot(now, rate / self.slowdown, deferred_ahead)
-        return decide(config, request, state, now)
+        errors = self.errors
+        if errors is None:
+            return decide(config, request, self.ledger.snapshot(now, rate, deferred_ahead), now)
+        bias = errors.bias.factor(self.ledger.streams)
+        margin = errors.margin(config.limits_for(request.class_name).name)
+        return decide(config, request, self.ledger.snapshot(now, rate / bias, deferred_ahead, margin), now)
 
     def _judge(self, waiter: Waiter, now: float) -> Decision:
         """A waiter's decision now: its wait so far counts against its TTFT."""

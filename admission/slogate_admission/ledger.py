@@ -24,6 +24,11 @@ class Ticket:
     kv_tokens: int
     output_tokens: int
     predicted_ttft_s: float
+    predicted_remaining_s: float
+    """From the admission to the first token, as predicted (queue wait + own prefill, the
+    bias in force): what ``ttft_error`` judges the actual time against."""
+    streams_before: int
+    """Streams in service when it was admitted: the load its prediction was made under."""
     admitted_at: float
     expected_end: float
     """Estimated monotonic time at which it finishes (frees a slot and its KV)."""
@@ -50,6 +55,8 @@ class Ledger:
             kv_tokens=decision.kv_needed_tokens,
             output_tokens=decision.output_tokens,
             predicted_ttft_s=decision.predicted_ttft_s,
+            predicted_remaining_s=decision.queue_wait_s + decision.own_prefill_s,
+            streams_before=decision.streams_after - 1,
             admitted_at=now,
             expected_end=now + decision.predicted_ttft_s + decode_s,
         )
@@ -87,9 +94,12 @@ class Ledger:
             return 0.0
         return max(min(t.expected_end for t in self._tickets) - now, 0.0)
 
-    def snapshot(self, now: float, prefill_tokens_per_s: float | None, deferred: int) -> LiveState:
+    def snapshot(
+        self, now: float, prefill_tokens_per_s: float | None, deferred: int, ttft_margin: float = 1.0
+    ) -> LiveState:
         """The live state the core's decide() reads. ``deferred``: the deferred requests the
-        one being judged would wait behind (the queue is the gate's, not the ledger's)."""
+        one being judged would wait behind (the queue is the gate's, not the ledger's);
+        ``ttft_margin``: its class's (``ttft_error``)."""
         return LiveState(
             queued_prefill_tokens=float(self.queued_prefill_tokens),
             streams=self.streams,
@@ -97,6 +107,7 @@ class Ledger:
             deferred=deferred,
             prefill_tokens_per_s=prefill_tokens_per_s,
             next_release_s=self.next_release_s(now),
+            ttft_margin=ttft_margin,
         )
 
     def is_idle(self) -> bool:

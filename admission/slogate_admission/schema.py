@@ -20,6 +20,8 @@ from slogate_admission.service import PrefillCurve
 PositiveSeconds = Annotated[float, Field(gt=0, allow_inf_nan=False, strict=True)]
 NonNegativeSeconds = Annotated[float, Field(ge=0, allow_inf_nan=False, strict=True)]
 Quantile = Annotated[float, Field(gt=0, lt=1)]
+SloQuantile = Annotated[float, Field(ge=0.5, lt=1)]
+"""A TTFT SLO's quantile: a median or above (below, the gate would admit past its own prediction)."""
 ClassName = Annotated[str, Field(pattern=r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")]
 
 
@@ -45,8 +47,9 @@ class SLO(Model):
     """Time-to-first-token target, seconds, of every class that sets none of its own
     (``ClassPolicy.ttft_seconds`` overrides it for that class). Required when some class,
     or the one implicit class ``default``, has none; refused when every class has its own."""
-    quantile: Quantile = 0.5
-    """The TTFT quantile the target applies to (the predicate predicts a median)."""
+    quantile: SloQuantile = 0.99
+    """The share of admitted requests whose TTFT is to be within the target: the gate holds
+    this quantile of the actual TTFT under it, not the median it predicts (ttft_error)."""
     time_per_output_token_seconds: PositiveSeconds | None = None
     """Per-token decode target; bounds how many streams may decode at once."""
 
@@ -352,6 +355,11 @@ class Thresholds(Model):
     """Conservative (p95) tokens per character, to estimate n_in without tokenizing."""
     reference_prompt_tokens: Annotated[int, Field(ge=1)]
     reference_output_tokens: Annotated[int, Field(ge=1)]
+    ttft_quantile: SloQuantile = 0.99
+    """The SLO's quantile: the gate admits against this quantile of its TTFT error."""
+    ttft_margin_prior: Annotated[float, Field(ge=1, allow_inf_nan=False)] = 1.0
+    """The TTFT margin before the gate has judged enough first tokens: the calibration's own
+    timing noise at ``ttft_quantile`` (derivation.ttft_margin_prior)."""
 
     @property
     def prefill_curve(self) -> PrefillCurve:

@@ -36,6 +36,11 @@ WORKLOAD = preset("uniform")
 CALIBRATION_BUDGET_S = 180.0
 
 
+def demo_policy(slo_s: float) -> Policy:
+    """The demo's policy: its TTFT SLO, deferral for up to 0.5 s, the rest by default."""
+    return Policy.model_validate({"slo": {"ttftSeconds": slo_s}, "deferral": {"maxWaitSeconds": 0.5}})
+
+
 @dataclass(frozen=True)
 class DemoSettings:
     """What `slogate demo` is asked."""
@@ -83,8 +88,7 @@ async def demo(
             upstream=server.url, server_args=server.args[1:], budget_s=CALIBRATION_BUDGET_S
         )
         profile = await cached_or_calibrated(calibration, state, say, progress)
-        policy = Policy.model_validate({"slo": {"ttftSeconds": settings.slo_s}, "deferral": {"maxWaitSeconds": 0.5}})
-        thresholds = derive_thresholds(policy, profile, derived_at=datetime.now(UTC))
+        thresholds = derive_thresholds(demo_policy(settings.slo_s), profile, derived_at=datetime.now(UTC))
         write_atomic(state / "thresholds.json", thresholds.model_dump_json(by_alias=True, indent=2))
         mu = capacity_rps(ServerModel.from_profile(profile), WORKLOAD, thresholds.concurrency_cap)
         rate = settings.load * mu

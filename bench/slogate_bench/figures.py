@@ -18,6 +18,7 @@ from slogate_admission.schema import CalibrationProfile, Thresholds
 from slogate_bench.capacity import ServerModel
 from slogate_bench.limits import fair_count_cap
 from slogate_bench.load import Run
+from slogate_bench.points import Key, Point, find
 from slogate_bench.scenario import GateKind, SimulationConfig
 from slogate_bench.simulated_fronts import line_up
 from slogate_bench.simulator import simulate
@@ -25,21 +26,6 @@ from slogate_bench.workloads import preset
 
 SCENARIOS = ("direct", "count-cap", "rate-limit", "slogate")
 COLORS = {"direct": "#d62728", "count-cap": "#ff7f0e", "rate-limit": "#9467bd", "slogate": "#2ca02c"}
-
-
-def main_runs(raw: dict[str, Any]) -> list[dict[str, Any]]:
-    return [r for r in raw["runs"] if r["workload"] == "chat" and r["retry"] == "none"]
-
-
-def find_run(runs: list[dict[str, Any]], scenario: str, load: float, **match: str) -> dict[str, Any] | None:
-    return next(
-        (
-            r
-            for r in runs
-            if r["scenario"] == scenario and r["load"] == load and all(r[k] == v for k, v in match.items())
-        ),
-        None,
-    )
 
 
 def demo_plot(runs: dict[str, Run], slo_s: float, path: Path) -> None:
@@ -71,6 +57,32 @@ def demo_plot(runs: dict[str, Run], slo_s: float, path: Path) -> None:
     bars.set_ylabel("requests")
     bars.set_title("What became of the same requests")
     bars.legend()
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def predicted_against_actual(raw: dict[str, Any], path: Path) -> None:
+    """Every admitted request of the promise runs (``promise``): its predicted TTFT against the
+    TTFT its client saw, per workload, with the SLO on both axes."""
+    slo = raw["slo_s"]
+    fig, ax = plt.subplots(figsize=(6.2, 5.6))
+    for name, color in (("demo", "#1f77b4"), ("long_tail", "#d62728")):
+        points = [p for r in raw["runs"] if r["workload"] == name for p in r["points"]]
+        if points:
+            ax.scatter([p for p, _ in points], [a for _, a in points], s=9, alpha=0.55, color=color,
+                       label=f"{name} ({len(points)} admitted)")  # fmt: skip
+    top = max([slo * 1.25] + [max(p) for r in raw["runs"] for p in r["points"]])
+    ax.plot([0, top], [0, top], color="grey", linewidth=0.8, label="actual = predicted")
+    ax.axhline(slo, linestyle="--", color="black", linewidth=0.8, label=f"TTFT SLO {slo:g} s")
+    ax.axvline(slo, linestyle=":", color="black", linewidth=0.8)
+    ax.set_xlim(0, top)
+    ax.set_ylim(0, top)
+    ax.set_xlabel("predicted TTFT at admission, median (s)")
+    ax.set_ylabel("actual TTFT at the client (s)")
+    ax.set_title(f"Admitted requests at {raw['load']:g}x, {len(raw['runs'])} runs", fontsize="medium")
+    ax.legend(fontsize="small", loc="upper left")
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
@@ -124,73 +136,89 @@ def simulated_time_in_system(
 
 def plots(
     raw: dict[str, Any],
+    all_points: dict[Key, Point],
     mu: float,
     out_dir: Path,
+    *,
     simulated: dict[str, list[tuple[float, float]]] | None = None,
     simulated_w: list[tuple[float, float]] | None = None,
 ) -> list[str]:
     """Three PNGs; returns their file names."""
-    runs = main_runs(raw)
-    loads = sorted({r["load"] for r in runs})
     out_dir.mkdir(parents=True, exist_ok=True)
-    _goodput_plot(raw, mu, out_dir, simulated)
-    _ttft_cdf_plot(raw, runs, out_dir)
-    _latency_plot(runs, loads, mu, out_dir, simulated_w)
+    _goodput_plot(raw, all_points, mu, out_dir, simulated)
+    _ttft_cdf_plot(raw, all_points, out_dir)
+    _latency_plot(all_points, mu, out_dir, simulated_w)
     return ["goodput.png", "ttft_cdf_2x.png", "latency_vs_utilization.png"]
 
 
+def _loads(all_points: dict[Key, Point], mix: str) -> list[float]:
+    return sorted({p.key[2] for p in all_points.values() if p.key[0] == mix and p.key[3] == "none"})
+
+
 def _goodput_plot(
-    raw: dict[str, Any], mu: float, out_dir: Path, simulated: dict[str, list[tuple[float, float]]] | None
+    raw: dict[str, Any],
+    all_points: dict[Key, Point],
+    mu: float,
+    out_dir: Path,
+    simulated: dict[str, list[tuple[float, float]]] | None,
 ) -> None:
-    runs = main_runs(raw)
-    loads = sorted({r["load"] for r in runs})
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    for scenario in SCENARIOS:
-        points = [(load, find_run(runs, scenario, load)) for load in loads]
-        xs = [load for load, r in points if r]
-        ys = [r["goodput_rps"] for _, r in points if r]
-        ax.plot(xs, ys, marker="o", label=scenario, color=COLORS[scenario])
-        if simulated and scenario in simulated:
-            ax.plot([x for x, _ in simulated[scenario]], [y for _, y in simulated[scenario]], linestyle=":",
-                    color=COLORS[scenario], label=f"{scenario}, simulated")  # fmt: skip
-    ax.axhline(mu, linestyle="--", color="grey", label=f"calibrated capacity μ = {mu:.2f}/s")
-    ax.set_xlabel("offered load (x μ)")
-    ax.set_ylabel(f"goodput: completed with TTFT ≤ {raw['slo_s']:g} s (req/s)")
-    ax.set_xscale("log", base=2)
-    ax.set_xticks(loads, [f"{x:g}x" for x in loads])
-    ax.set_ylim(bottom=0)  # goodput from zero: a collapse must look like one
-    ax.set_title("Goodput vs offered load")
-    # Below the axes: inside, eight entries covered the lines they name.
-    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=2, fontsize="small")
+    """Per mix: each front's mean goodput with its 95% interval as an error bar, the
+    clairvoyant's on the same traces, and (chat) the simulator's curves."""
+    mixes = [m for m in ("chat", "heavy_tail") if _loads(all_points, m)]
+    fig, axes = plt.subplots(1, len(mixes), figsize=(6.2 * len(mixes), 4.6), squeeze=False)
+    for ax, mix in zip(axes[0], mixes, strict=True):
+        loads = _loads(all_points, mix)
+        for i, scenario in enumerate(SCENARIOS):
+            found = [(load, find(all_points, mix, scenario, load)) for load in loads]
+            pts = [(load, p.goodput) for load, p in found if p]
+            # Fronts side by side at each load (a few percent apart on the log axis): bars readable.
+            xs = [load * 2 ** ((i - 1.5) * 0.04) for load, _ in pts]
+            errors = [0.0 if math.isnan(g.half_width) else g.half_width for _, g in pts]
+            ax.errorbar(xs, [g.mean for _, g in pts], yerr=errors, marker="o", capsize=3, label=scenario,
+                        color=COLORS[scenario])  # fmt: skip
+            if simulated and mix == "chat" and scenario in simulated:
+                ax.plot([x for x, _ in simulated[scenario]], [y for _, y in simulated[scenario]], linestyle=":",
+                        color=COLORS[scenario], label=f"{scenario}, simulated")  # fmt: skip
+        gates = [(load, find(all_points, mix, "slogate", load)) for load in loads]
+        bound = [(load, c.mean) for load, p in gates if p and (c := p.clairvoyant) is not None]
+        if bound:
+            ax.plot([x for x, _ in bound], [y for _, y in bound], linestyle="--", color="black",
+                    label="clairvoyant (simulated, same traces)")  # fmt: skip
+        if mix == "chat":
+            ax.axhline(mu, linestyle="--", color="grey", label=f"calibrated capacity μ = {mu:.2f}/s")
+        ax.set_xlabel("offered load (x μ of the mix)")
+        ax.set_ylabel(f"goodput: completed with TTFT ≤ {raw['slo_s']:g} s (req/s)")
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(loads, [f"{x:g}x" for x in loads])
+        ax.set_ylim(bottom=0)  # goodput from zero: a collapse must look like one
+        ax.set_title(f"Goodput vs offered load: {mix} (mean, 95% interval)")
+        # Below the axes: inside, the entries covered the lines they name.
+        ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=2, fontsize="small")
     fig.tight_layout()
     fig.savefig(out_dir / "goodput.png", dpi=110, bbox_inches="tight")
     plt.close(fig)
 
 
-def _ttft_cdf_plot(raw: dict[str, Any], runs: list[dict[str, Any]], out_dir: Path) -> None:
+def _ttft_cdf_plot(raw: dict[str, Any], all_points: dict[Key, Point], out_dir: Path) -> None:
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for scenario in SCENARIOS:
-        r = find_run(runs, scenario, 2.0)
-        if r and r["ttfts"]:
-            xs = r["ttfts"]
-            ax.step(
-                xs,
-                [(i + 1) / r["requests"] for i in range(len(xs))],
-                where="post",
-                label=scenario,
-                color=COLORS[scenario],
-            )
+        p = find(all_points, "chat", scenario, 2.0)
+        if p and p.pooled("ttfts"):
+            xs, sent = p.pooled("ttfts"), p.total("requests")
+            ax.step(xs, [(i + 1) / sent for i in range(len(xs))], where="post", label=scenario,
+                    color=COLORS[scenario])  # fmt: skip
     ax.axvline(raw["slo_s"], linestyle="--", color="grey", label="TTFT SLO")
     ax.set_xlabel("TTFT (s)")
     ax.set_ylabel("fraction of all requests sent")
-    ax.set_title("TTFT CDF at 2x (the curve tops out at the share that got a first token)")
+    ax.set_title("TTFT CDF at 2x, chat, every schedule (tops out at the share that got a first token)",
+                 fontsize="small")  # fmt: skip
     ax.legend()
     fig.tight_layout()
     fig.savefig(out_dir / "ttft_cdf_2x.png", dpi=110)
     plt.close(fig)
 
 
-def _latency_plot(runs: list[dict[str, Any]], loads: list[float], mu: float, out_dir: Path,
+def _latency_plot(all_points: dict[Key, Point], mu: float, out_dir: Path,
                   simulated_w: list[tuple[float, float]] | None) -> None:  # fmt: skip
     fig, ax = plt.subplots(figsize=(7, 4.5))
     rho = [i / 100 for i in range(5, 96)]
@@ -202,8 +230,12 @@ def _latency_plot(runs: list[dict[str, Any]], loads: list[float], mu: float, out
         ax.plot([p for p, _ in simulated_w], [w for _, w in simulated_w], linestyle=":", color=COLORS["direct"],
                 label="direct, simulated: mean time in system")  # fmt: skip
     for scenario in ("direct", "slogate"):
-        pts = [(load, r["time_in_system_mean_s"]) for load in loads
-               if (r := find_run(runs, scenario, load)) and r.get("time_in_system_mean_s")]  # fmt: skip
+        pts = []
+        for load in _loads(all_points, "chat"):
+            p = find(all_points, "chat", scenario, load)
+            values = [r["time_in_system_mean_s"] for r in p.runs if r.get("time_in_system_mean_s")] if p else []
+            if values:
+                pts.append((load, statistics.fmean(values)))
         ax.plot([p for p, _ in pts], [w for _, w in pts], marker="o", linestyle="none", color=COLORS[scenario],
                 label=f"{scenario}: mean time in system of completed")  # fmt: skip
     ax.set_xlabel("offered utilization ρ = λ / μ")

@@ -39,6 +39,8 @@ REJECTION_STATUSES = frozenset({429, 503})
 """Load shedding: slogate's 429 (and 503 when it cannot decide), the count cap's 503."""
 NEVER_FITS_CODE = b'"slogate_request_too_large"'
 """The error code of slogate's 400 for a request no wait can serve within its SLO."""
+PREDICTED_TTFT_HEADER = "X-Slogate-Predicted-Ttft"
+"""slogate's median TTFT prediction, seconds, on every forwarded response."""
 
 Sleep = Callable[[float], Awaitable[None]]
 Progress = Callable[["Result"], None]
@@ -63,6 +65,8 @@ class Result:
     class_name: str | None = None
     prompt_tokens: int = 0
     max_tokens: int = 0
+    predicted_ttft_s: float | None = None
+    """slogate's median TTFT prediction for it (its ``X-Slogate-Predicted-Ttft``), if it said one."""
     lag_s: float = 0.0
     """How late the generator sent the first attempt against the schedule (its own overload)."""
 
@@ -74,6 +78,7 @@ class _Attempt:
     first_token_at: float | None
     ended_at: float
     retry_after_s: float | None = None
+    predicted_ttft_s: float | None = None
 
 
 def _body(prompt: list[int], max_tokens: int) -> dict[str, object]:
@@ -86,6 +91,7 @@ async def _attempt(
     """One POST of a streaming native completion, abandoned at ``deadline`` (loop time)."""
     loop = asyncio.get_running_loop()
     first: float | None = None
+    predicted: str | None = None
     try:
         async with asyncio.timeout_at(deadline):
             async with session.post(url + "/completion", json=body, headers=headers) as response:
@@ -93,6 +99,7 @@ async def _attempt(
                     await response.read()
                     retry_after = parse_retry_after(response.headers.get("Retry-After"))
                     return _Attempt("rejected", response.status, None, loop.time(), retry_after)
+                predicted = response.headers.get(PREDICTED_TTFT_HEADER)
                 if response.status != 200:
                     payload = await response.read()
                     refused = response.status == 400 and NEVER_FITS_CODE in payload
@@ -111,7 +118,7 @@ async def _attempt(
         return _Attempt("timeout", 0, first, loop.time())
     except (aiohttp.ClientError, ValueError):
         return _Attempt("error", 0, first, loop.time())
-    return _Attempt("ok", 200, first, loop.time())
+    return _Attempt("ok", 200, first, loop.time(), None, float(predicted) if predicted else None)
 
 
 async def request_with_retries(
@@ -165,6 +172,7 @@ async def request_with_retries(
             arrival.class_name,
             arrival.prompt_tokens,
             arrival.max_tokens,
+            done.predicted_ttft_s,
         )
 
 

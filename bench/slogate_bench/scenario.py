@@ -2,21 +2,23 @@
 
 Plain frozen structures; the workload is the load generator's own (``workloads``), μ is
 ``capacity.capacity_rps``, the count cap ``limits.CountCap``. The event loop that uses
-them is ``slogate_bench.simulator``.
+them is ``slogate_bench.simulator``. A run draws its own Poisson arrivals from the seed, or
+replays an explicit ``trace`` (the very schedule a measured run sent, ``trace_of``).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Literal, Protocol
 
 from slogate_admission.service import DecodeCurve, PrefillCurve
 from slogate_bench.capacity import ServerModel, capacity_rps
 from slogate_bench.lengths import TokenLengths
 from slogate_bench.simulated_fronts import Direct, FrontSpec, Gated
-from slogate_bench.workloads import Workload
+from slogate_bench.workloads import DEFAULT_CLIENT_TIMEOUT_S, Workload
 
 GateKind = Literal["none", "slogate", "count-cap"]
 GATES: tuple[GateKind, ...] = ("none", "slogate", "count-cap")
@@ -24,6 +26,37 @@ GATES: tuple[GateKind, ...] = ("none", "slogate", "count-cap")
 
 
 # --------------------------------------------------------------------------- inputs
+
+
+class ArrivalLike(Protocol):
+    """What a trace needs of an arrival: ``workloads.Arrival`` is one."""
+
+    @property
+    def at_s(self) -> float: ...
+    @property
+    def prompt_tokens(self) -> int: ...
+    @property
+    def max_tokens(self) -> int: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Traced:
+    """One request of an explicit trace: when it arrives and what it asks."""
+
+    at_s: float
+    """Seconds after the run's start."""
+    prompt_tokens: int
+    """n_in."""
+    max_tokens: int
+    """n_out, generated in full."""
+
+
+def trace_of(arrivals: Iterable[ArrivalLike | tuple[float, int, int]]) -> tuple[Traced, ...]:
+    """A trace from a measured run's schedule (``workloads.schedule``) or (time, n_in, n_out)
+    triples, in time order (stable: equal times keep their order). Classes are dropped: the
+    simulated fronts see every request as the default class."""
+    out = [Traced(*a) if isinstance(a, tuple) else Traced(a.at_s, a.prompt_tokens, a.max_tokens) for a in arrivals]
+    return tuple(sorted(out, key=lambda a: a.at_s))
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,7 +68,7 @@ class SimulationConfig:
     workload: Workload
     """What the clients send, and their patience."""
     arrival_rate_rps: float
-    """λ of the Poisson arrivals."""
+    """λ of the Poisson arrivals (with a ``trace``: informational, its mean rate)."""
     duration_s: float
     """Arrivals come in [0, duration_s]; the run ends when the last request has left."""
     ttft_slo_s: float
@@ -46,9 +79,13 @@ class SimulationConfig:
     """Every random draw comes from it: the same seed, the same arrivals for every gate."""
     capacity_rps: float = math.nan
     """μ, reported back with the result (see ``capacity.capacity_rps``); informational."""
+    trace: tuple[Traced, ...] | None = None
+    """The arrivals to replay instead of drawing them (``trace_of``): times within
+    [0, duration_s], in order. The workload then only says the clients' patience."""
 
     def __post_init__(self) -> None:
-        for name in ("arrival_rate_rps", "duration_s"):
+        rates = ("duration_s",) if self.trace is not None else ("arrival_rate_rps", "duration_s")
+        for name in rates:
             value = getattr(self, name)
             if not (math.isfinite(value) and value > 0):
                 raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
@@ -56,13 +93,28 @@ class SimulationConfig:
             raise ValueError(f"ttft_slo_s must be > 0, got {self.ttft_slo_s!r}")
         if isinstance(self.front, Gated) and self.workload.service == "exponential":
             raise ValueError("the slogate gate predicts from token counts: use the profile service mode")
+        if self.trace is not None:
+            self._check_trace(self.trace)
         if self.workload.service == "profile":
             longest = self.workload.prompt_tokens.high + self.workload.output_tokens.high
+            if self.trace is not None:
+                longest = max((a.prompt_tokens + a.max_tokens for a in self.trace), default=0)
             if isinstance(self.front, Gated) and longest > self.front.thresholds.per_request_max_tokens:
                 raise ValueError(
                     f"prompt + output tokens reach {longest}, beyond one slot's "
                     f"{self.front.thresholds.per_request_max_tokens}: llama-server would refuse them"
                 )
+
+    def _check_trace(self, trace: tuple[Traced, ...]) -> None:
+        if self.workload.service != "profile":
+            raise ValueError("a trace gives token counts: use the profile service mode")
+        previous = 0.0
+        for a in trace:
+            if not previous <= a.at_s <= self.duration_s:
+                raise ValueError(f"trace times must be in order within [0, {self.duration_s:g}], got {a.at_s!r}")
+            if a.prompt_tokens < 0 or a.max_tokens < 0:
+                raise ValueError(f"token counts must be >= 0, got {a}")
+            previous = a.at_s
 
 
 # --------------------------------------------------------------------------- outputs
@@ -143,6 +195,34 @@ def config_for_load(
         front=front,
         seed=seed,
         capacity_rps=mu,
+    )
+
+
+def config_for_trace(
+    server: ServerModel,
+    arrivals: Iterable[ArrivalLike | tuple[float, int, int]],
+    *,
+    duration_s: float,
+    ttft_slo_s: float,
+    front: FrontSpec,
+    client_timeout_s: float = DEFAULT_CLIENT_TIMEOUT_S,
+    capacity_rps: float = math.nan,
+) -> SimulationConfig:
+    """A run replaying ``arrivals`` (a measured run's schedule) over a window of ``duration_s``.
+
+    Clients are as patient as the measured ones (the load generator's 10 s by default), so
+    none leaves before the SLO matters.
+    """
+    trace = trace_of(arrivals)
+    return SimulationConfig(
+        server=server,
+        workload=Workload(client_timeout_s=client_timeout_s, name="trace"),
+        arrival_rate_rps=len(trace) / duration_s if duration_s > 0 else math.nan,
+        duration_s=duration_s,
+        ttft_slo_s=ttft_slo_s,
+        front=front,
+        capacity_rps=capacity_rps,
+        trace=trace,
     )
 
 

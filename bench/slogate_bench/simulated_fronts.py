@@ -9,8 +9,10 @@ simulator runs any front the same way; only the fronts know what they are.
 - ``count-cap``: at most ``concurrency`` forwarded, ``queue`` more held in a FIFO, the
   rest refused (the usual magic numbers).
 - ``slogate``: the core's GateMachine, the sidecar's very own, in virtual time.
+- ``clairvoyant``: a plan made knowing the whole trace (``clairvoyant``): the n-th
+  arrival is forwarded at once if the plan admits it, else refused.
 
-A run is configured with a front's *spec* (``Direct``, ``CountCapped``, ``Gated``: a
+A run is configured with a front's *spec* (``Direct``, ``CountCapped``, ``Gated``, ``Planned``: a
 name and what that front needs, nothing else), which builds a fresh front per run.
 """
 
@@ -88,12 +90,10 @@ class Front(Protocol):
         ...
 
 
-class DirectFront:
-    """llama-server alone."""
+class _Holdless:
+    """A front that decides at arrival and never holds: every later event is nothing to it."""
 
-    def arrive(self, key: Key, prompt_tokens: int, output_tokens: int, now: float) -> Answer:
-        """Everything goes in."""
-        return Forward(key, output_tokens)
+    __slots__ = ()
 
     def first_token(self, key: Key, now: float) -> list[Forward | Refuse]:
         """Nothing to do."""
@@ -110,6 +110,16 @@ class DirectFront:
     def deadline(self, key: Key, now: float) -> list[Forward | Refuse]:
         """Never holds anything."""
         return []
+
+
+class DirectFront(_Holdless):
+    """llama-server alone."""
+
+    __slots__ = ()
+
+    def arrive(self, key: Key, prompt_tokens: int, output_tokens: int, now: float) -> Answer:
+        """Everything goes in."""
+        return Forward(key, output_tokens)
 
 
 @dataclass(slots=True, eq=False)
@@ -228,6 +238,19 @@ class SlogateFront:
         return Forward(key, ticket.output_tokens, decision)
 
 
+@dataclass(slots=True, eq=False)
+class PlannedFront(_Holdless):
+    """An admission plan fixed in advance: arrivals are told apart by their order."""
+
+    admit: frozenset[int]
+    arrived: int = 0
+
+    def arrive(self, key: Key, prompt_tokens: int, output_tokens: int, now: float) -> Answer:
+        """Forward the planned arrivals in full, refuse the others."""
+        n, self.arrived = self.arrived, self.arrived + 1
+        return Forward(key, output_tokens) if n in self.admit else Refuse(key)
+
+
 @dataclass(frozen=True, slots=True)
 class Direct:
     """llama-server alone."""
@@ -263,7 +286,22 @@ class Gated:
         return SlogateFront(self.thresholds)
 
 
-FrontSpec = Direct | CountCapped | Gated
+@dataclass(frozen=True, slots=True)
+class Planned:
+    """Forward exactly the arrivals whose 0-based index (in arrival order) is in ``admit``.
+
+    Only meaningful on a trace, whose arrivals are known: the clairvoyant bound's plan.
+    """
+
+    admit: frozenset[int]
+    name: str = "clairvoyant"
+
+    def build(self) -> Front:
+        """A fresh front for one run."""
+        return PlannedFront(self.admit)
+
+
+FrontSpec = Direct | CountCapped | Gated | Planned
 """Which front a simulated run puts before llama-server."""
 
 

@@ -32,8 +32,10 @@ The server model (a llama.cpp CPU server; one compute resource, e.g. 2 cores)
 
 Clients
 -------
-Poisson arrivals (open loop). A client whose first token has not come ``client_timeout_s``
-after it arrived leaves (after the first token it reads to the end). llama-server notices
+Poisson arrivals (open loop), or an explicit trace (``SimulationConfig.trace``: the very
+schedule a measured run sent, to judge fronts, and the ``clairvoyant`` bound, on it). A
+client whose first token has not come ``client_timeout_s`` after it arrived leaves
+(after the first token it reads to the end). llama-server notices
 a closed connection: a request still in its queue, or in a slot whose prefill has not
 started, is dropped at no cost; a prompt whose prefill is *in progress* finishes (the
 batch is one ``llama_decode`` call) and is then dropped without decoding, so that compute
@@ -50,6 +52,8 @@ Gates
   last time when its wait runs out (the sidecar's behaviour, by construction).
 - ``count-cap``: the usual magic numbers: at most ``concurrency`` forwarded, at most
   ``queue`` waiting in front (FIFO), reject when both are full.
+- ``clairvoyant``: on a trace, a plan made knowing every request's service
+  (``clairvoyant.bound_for_trace``): each arrival forwarded at once or refused.
 
 An ``exponential`` service mode replaces each request's work with an Exp(mean) number of
 server-seconds and no decode: with no gate it is exactly M/M/1, the closed-form check.
@@ -113,7 +117,12 @@ def _arrivals(config: SimulationConfig) -> Iterator[tuple[float, int, int, float
     """(time, prompt tokens, output tokens, prefill seconds) of each arrival in [0, duration].
 
     One RNG stream per quantity, spawned from the seed: every gate sees the same arrivals.
+    With a ``trace``, its arrivals instead, as they are (the seed is not used).
     """
+    if config.trace is not None:
+        prefill = config.server.prefill
+        yield from ((a.at_s, a.prompt_tokens, a.max_tokens, prefill.seconds(a.prompt_tokens)) for a in config.trace)
+        return
     wl = config.workload
     times_rng, prompt_rng, output_rng, service_rng = (
         np.random.default_rng(s) for s in np.random.SeedSequence(config.seed).spawn(4)

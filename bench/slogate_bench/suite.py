@@ -1,4 +1,4 @@
-"""The benchmark suite: four ways to front llama-server, four loads, one report.
+"""The benchmark suite: four ways to front llama-server, four loads, two mixes, one report.
 
 Scenarios, side by side on the same llama-server build, model and workload:
 direct (llama-server alone), count-cap (fixed concurrency + queue, 503 when full),
@@ -7,7 +7,13 @@ multiples of μ, the calibrated capacity for the workload. Every run starts from
 llama-server: an ungated overload leaves minutes of abandoned work queued inside it,
 and each scenario must start from the same state.
 
-Run: make bench  (about 20 minutes here); writes docs/benchmarks.md and docs/bench/*.png.
+Every point runs on several independent arrival schedules (``seeds``), the same schedules
+for every front, so the report gives means with 95% intervals (``intervals``) and scores
+each front against the clairvoyant bound of the very traces it was sent (``clairvoyant``).
+
+Profiles: ``full`` (make bench-full, about an hour here) writes docs/benchmarks.md and
+docs/bench/*.png; ``quick`` (make bench, about 15 minutes) runs every point once, shorter,
+into .slogate/bench-quick/, to see a machine's numbers without publishing them.
 """
 
 from __future__ import annotations
@@ -16,6 +22,7 @@ import argparse
 import asyncio
 import json
 import statistics
+import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -33,18 +40,45 @@ from slogate_bench.process_fronts import DirectFront, Front, SlogateFront, line_
 from slogate_bench.profile_cache import cached_or_calibrated
 from slogate_bench.published import environment
 from slogate_bench.report import write_report
-from slogate_bench.retries import NO_RETRY, RetryPolicy
+from slogate_bench.retries import NO_RETRY, RetryKind, RetryPolicy
 from slogate_bench.workloads import Workload, preset
 from slogate_calibration.calibrate import CalibrationSettings
 from slogate_calibration.output import full_json, write_atomic
 from slogate_calibration.runtime import LlamaServer, locate
 
 LOADS = (0.5, 1.0, 2.0, 4.0)
+WORKLOADS = ("chat", "heavy_tail")
+RETRY_KINDS: tuple[RetryKind, ...] = ("immediate", "backoff", "budget")
 SLO_S = 2.0
 LLAMA_NICENESS = 10
 """llama-server runs at nice 10 in every scenario: on 2 cores its two inference threads
 would otherwise starve the front and the load generator, whose latencies we measure (in a
 pod, the sidecar's CPU request does this). Alone, it still gets all the CPU."""
+
+
+@dataclass(frozen=True)
+class BenchProfile:
+    """How much of the suite to run, and where it goes."""
+
+    name: str
+    seeds: tuple[int, ...]
+    """Independent arrival schedules per point (the same ones for every front)."""
+    seconds: float
+    """Each run's arrival window."""
+    out: Path
+    """The report; its plots and raw results go to ``out.parent / "bench"``."""
+
+
+PROFILES = {
+    "full": BenchProfile("full", (1, 2, 3, 4), 20.0, Path("docs/benchmarks.md")),
+    "quick": BenchProfile("quick", (1,), 15.0, Path(".slogate/bench-quick/benchmarks.md")),
+}
+
+
+def schedule_seed(seed: int, load: float) -> int:
+    """The load generator's seed of one point's ``seed``-th schedule: independent per load and
+    seed, the same for every front and both mixes."""
+    return 1000 * seed + int(load * 100)
 
 
 @dataclass
@@ -59,6 +93,10 @@ class Measured:
     """The workload's name."""
     retry: str
     """The clients' retry policy."""
+    seed: int
+    """Which of the point's schedules (``schedule_seed`` gives the generator's seed)."""
+    rate_rps: float
+    """The offered λ: ``load`` x μ of the workload."""
     run: Run
     """What the clients saw."""
     gate_state: dict[str, Any] | None = None
@@ -71,10 +109,18 @@ class Measured:
             "load": self.load,
             "workload": self.workload,
             "retry": self.retry,
+            "seed": self.seed,
+            "schedule_seed": schedule_seed(self.seed, self.load),
+            "rate_rps": self.rate_rps,
             **self.run.summary(SLO_S),
             "gate": self.gate_state,
             "ttfts": sorted(r.ttft_s for r in results if r.outcome == "ok" and r.ttft_s is not None),
             "rejection_latencies": sorted(s for r in results for s in r.rejection_latencies_s),
+            "predicted_actual": [
+                (r.predicted_ttft_s, r.ttft_s)
+                for r in results
+                if r.predicted_ttft_s is not None and r.ttft_s is not None
+            ],
         }
 
 
@@ -98,25 +144,29 @@ class Bench:
         return capacity_rps(self.server, workload, self.streams)
 
 
-async def one_run(bench: Bench, front: Front, load: float, workload: Workload, retry: RetryPolicy) -> Measured:
-    """A fresh llama-server, ``front`` in front, one open-loop run at ``load`` x μ of ``workload``."""
+async def one_run(
+    bench: Bench, front: Front, load: float, workload: Workload, retry: RetryPolicy, *, seed: int = 1
+) -> Measured:
+    """A fresh llama-server, ``front`` in front, one open-loop run at ``load`` x μ of ``workload``
+    on the point's ``seed``-th arrival schedule."""
     progress = bench.progress
-    task = progress.add_task(f"{front.name:<10} {load:>3g}x {workload.name} {retry.kind}", total=None)
-    log = bench.log_dir / f"{front.name}-{load}-{workload.name}-{retry.kind}.log"
+    task = progress.add_task(f"{front.name:<10} {load:>3g}x {workload.name} {retry.kind} #{seed}", total=None)
+    log = bench.log_dir / f"{front.name}-{load}-{workload.name}-{retry.kind}-{seed}.log"
+    rate = load * bench.mu(workload)
     with LlamaServer(locate(), log_path=log, niceness=LLAMA_NICENESS) as server:
         async with front.in_front_of(server.url, bench.log_dir) as started:
             run = await open_loop(
                 started.url,
-                load * bench.mu(workload),
+                rate,
                 bench.seconds,
                 workload,
-                seed=int(load * 100),
+                seed=schedule_seed(seed, load),
                 retry=retry,
                 progress=lambda _r: progress.advance(task),
             )
             books = await started.books()
     progress.update(task, completed=len(run.results), total=len(run.results))
-    return Measured(front.name, load, workload.name, retry.kind, run, books)
+    return Measured(front.name, load, workload.name, retry.kind, seed, rate, run, books)
 
 
 async def paired_overhead(thresholds: Thresholds, log_dir: Path, pairs: int = 30) -> dict[str, float]:
@@ -155,58 +205,66 @@ async def bench_profile(state_dir: Path, console: Console) -> CalibrationProfile
 
 
 async def suite(
-    seconds: float, state_dir: Path, console: Console
+    profile_of_runs: BenchProfile, state_dir: Path, console: Console
 ) -> tuple[CalibrationProfile, Thresholds, list[Measured], dict[str, float]]:
     """Every run of the report."""
     profile = await bench_profile(state_dir, console)
     policy = Policy.model_validate({"slo": {"ttftSeconds": SLO_S}, "deferral": {"maxWaitSeconds": 0.5}})
     thresholds = derive_thresholds(policy, profile, derived_at=datetime.now(UTC))
-    chat, heavy = preset("chat"), preset("heavy_tail")
     results = []
     log_dir = state_dir / "bench-logs"
     log_dir.mkdir(parents=True, exist_ok=True)
     console.print("overhead: the same requests direct and through the gate, in turn, on an idle server")
     paired = await paired_overhead(thresholds, log_dir)
     with Progress(console=console, transient=False) as progress:
+        seconds = profile_of_runs.seconds
         bench = Bench(ServerModel.from_profile(profile), thresholds.concurrency_cap, seconds, log_dir, progress)
-        # The count cap and the rate limit are tuned on μ of the workload they carry.
-        for_chat, for_heavy = (line_up(thresholds, bench.mu(w), SLO_S) for w in (chat, heavy))
-        plan: list[tuple[Front, float, Workload, RetryPolicy]] = [
-            (front, load, chat, NO_RETRY) for load in LOADS for front in for_chat.each()
-        ]
-        plan += [(front, 2.0, heavy, NO_RETRY) for front in (for_heavy.count_cap, for_heavy.slogate)]
-        plan += [(for_chat.slogate, 2.0, chat, RetryPolicy(kind)) for kind in ("immediate", "backoff", "budget")]
-        for front, load, workload, retry in plan:
-            results.append(await one_run(bench, front, load, workload, retry))
+        plan: list[tuple[Front, float, Workload, RetryPolicy, int]] = []
+        # Seeds outermost: a stopped run still leaves whole schedules, every front on each.
+        for seed in profile_of_runs.seeds:
+            for workload in map(preset, WORKLOADS):
+                # The count cap and the rate limit are tuned on μ of the workload they carry.
+                fronts = line_up(thresholds, bench.mu(workload), SLO_S)
+                plan += [(front, load, workload, NO_RETRY, seed) for load in LOADS for front in fronts.each()]
+            chat = line_up(thresholds, bench.mu(preset("chat")), SLO_S)
+            plan += [(chat.slogate, 2.0, preset("chat"), RetryPolicy(kind), seed) for kind in RETRY_KINDS]
+        for front, load, workload, retry, seed in plan:
+            results.append(await one_run(bench, front, load, workload, retry, seed=seed))
     return profile, thresholds, results, paired
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--seconds", type=float, default=40.0, help="each run's arrival window")
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--profile", choices=sorted(PROFILES), default="full", help="how much to run (see above)")
     parser.add_argument("--state-dir", type=Path, default=Path(".slogate"))
-    parser.add_argument("--out", type=Path, default=Path("docs/benchmarks.md"))
-    parser.add_argument("--raw", type=Path, default=Path("docs/bench/results.json"))
     args = parser.parse_args()
     console = Console(width=140)
-    profile, thresholds, results, paired = asyncio.run(suite(args.seconds, args.state_dir, console))
-    overhead_file = args.raw.parent / "overhead.json"  # `make bench` measures it first
+    chosen = PROFILES[args.profile]
+    started = time.monotonic()
+    profile, thresholds, results, paired = asyncio.run(suite(chosen, args.state_dir, console))
+    out_dir = chosen.out.parent / "bench"
+    raw_file = out_dir / "results.json"
+    overhead_file = out_dir / "overhead.json"  # `make bench` measures it first
     raw = {
         "environment": environment(),
         "profile": profile.id,
+        "bench_profile": chosen.name,
+        "seeds": list(chosen.seeds),
+        "duration_min": round((time.monotonic() - started) / 60, 1),
         "slo_s": SLO_S,
-        "seconds": args.seconds,
+        "seconds": chosen.seconds,
         "llama_niceness": LLAMA_NICENESS,
         "overhead": json.loads(overhead_file.read_text()) if overhead_file.exists() else {},
         "paired_overhead": paired,
         "runs": [m.row() for m in results],
     }
-    args.raw.parent.mkdir(parents=True, exist_ok=True)
-    args.raw.write_text(json.dumps(raw, indent=2, default=str))
+    out_dir.mkdir(parents=True, exist_ok=True)
+    raw_file.write_text(json.dumps(raw, indent=2, default=str))
     # The profile beside the results: `python -m slogate_bench.report --profile` re-renders from both.
-    write_atomic(args.raw.parent / "profile.json", full_json(profile))
-    write_report(raw, profile, thresholds, args.out, args.raw.parent, readme=Path("README.md"))
-    console.print(f"wrote {args.out} and plots under {args.raw.parent}")
+    write_atomic(out_dir / "profile.json", full_json(profile))
+    readme = Path("README.md") if chosen.name == "full" else None  # only published runs are quoted
+    write_report(raw, profile, thresholds, chosen.out, out_dir, readme=readme)
+    console.print(f"wrote {chosen.out} and plots under {out_dir}")
 
 
 if __name__ == "__main__":

@@ -22,11 +22,12 @@ callers ask for ``llamacpp:prompt_tokens_total`` and ``llamacpp:n_tokens_max`` v
 
 A second llama-server quirk callers must know: it prints values with C++ stream defaults,
 six significant digits, so a counter past 999,999 is rounded (``1.23457e+06``). Deltas of
-large counters are only as fine as that rounding.
+large counters are only as fine as that rounding; `rounding_step` says how fine.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping
 from dataclasses import MISSING, dataclass, fields
 
@@ -35,6 +36,7 @@ from prometheus_client.parser import text_string_to_metric_families
 __all__ = [
     "GAUGES",
     "LLAMACPP_PREFIX",
+    "SIGNIFICANT_DIGITS",
     "LlamaCounters",
     "MetricsError",
     "MissingMetricError",
@@ -42,6 +44,7 @@ __all__ = [
     "Sample",
     "parse_samples",
     "parse_unlabelled",
+    "rounding_step",
     "sample_value",
 ]
 
@@ -52,6 +55,27 @@ _TOTAL = "_total"
 
 GAUGES = frozenset({"requests_processing", "requests_deferred"})
 """The `LlamaCounters` fields llama-server declares as gauges; every other one is a counter."""
+
+
+SIGNIFICANT_DIGITS = 6
+"""Digits llama-server prints a value with (C++ stream defaults, like ``%g``)."""
+
+
+def rounding_step(printed: float) -> float:
+    """The spacing of the values llama-server can print near ``printed`` (0 for 0).
+
+    With six significant digits that is 10^(e - 5), e the decimal exponent: 1 below 10^6,
+    10 up to 10^7, 100 up to 10^8 ... The true value lies within half a step of the printed
+    one. The exponent is read off the same formatting, not computed with log10, so it is
+    the printed value's own (999,999.7 prints as 1e+06, whose step is 10). Unknown
+    (infinite) for a non-finite value.
+    """
+    if printed == 0:
+        return 0.0
+    if not math.isfinite(printed):
+        return math.inf
+    exponent = int(f"{abs(printed):.{SIGNIFICANT_DIGITS - 1}e}".partition("e")[2])
+    return 10.0 ** (exponent - SIGNIFICANT_DIGITS + 1)
 
 
 class MetricsError(ValueError):

@@ -20,6 +20,7 @@ from aiohttp import web
 from pydantic import ValidationError
 
 from slogate_admission.schema import Thresholds
+from slogate_admission.ttft_error import TtftErrorModel
 from slogate_admission.validation import validation_problems
 from slogate_sidecar import responses
 from slogate_sidecar.state import Sidecar
@@ -132,8 +133,8 @@ def state(sidecar: Sidecar) -> dict[str, Any]:
                 "ageSeconds": rates.decode_age_s(now),
             },
             "maxAgeSeconds": sidecar.settings.rate_max_age_s,
-            "ttftCorrectionFactor": sidecar.ttft.correction.factor,
         },
+        "ttftError": _ttft_error(sidecar.gate.machine.errors),
         "ttftPrediction": {
             "samples": summary.samples,
             "medianAbsRelativeError": summary.median_abs_relative_error,
@@ -162,3 +163,15 @@ async def get_metrics(sidecar: Sidecar, _request: web.Request) -> web.Response:
     sidecar.metrics.upstream_up.set(1 if sidecar.upstream_up else 0)
     body, content_type = sidecar.metrics.exposition()
     return web.Response(body=body, headers={"Content-Type": content_type})
+
+
+def _ttft_error(errors: TtftErrorModel | None) -> dict[str, Any] | None:
+    """What the gate learned of its TTFT error: the bias by streams in service, the margins."""
+    if errors is None:
+        return None
+    return {
+        "quantile": errors.quantile,
+        "marginPrior": errors.prior,
+        "biasByStreams": list(errors.bias.factors),
+        "margins": {name: {"value": m.value, "samples": m.samples} for name, m in errors.margins.items()},
+    }

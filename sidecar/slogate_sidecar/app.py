@@ -46,7 +46,7 @@ def build_sidecar(settings: SidecarSettings) -> Sidecar:
     rates = RateEstimator()
     metrics = SidecarMetrics()
     gate = Gate(live_prefill_rate=lambda now: rates.prefill_tokens_per_s(now, settings.rate_max_age_s))
-    ttft, usage, recorded = TtftLearner(gate.machine), UsageLearner(), MetricsLearner(metrics)
+    ttft, usage, recorded = TtftLearner(), UsageLearner(), MetricsLearner(metrics)
     gate.observers.append(recorded)
     gate.learners.extend((ttft, usage, recorded))
     sidecar = Sidecar(settings=settings, gate=gate, rates=rates, metrics=metrics, ttft=ttft, usage=usage)
@@ -284,9 +284,8 @@ async def running(sidecar: Sidecar) -> AsyncIterator[tuple[int, int]]:
             await runner.setup()
             site = web.TCPSite(runner, settings.host, port)
             await site.start()
-            server = site._server  # the bound port when 0 was asked for
-            assert isinstance(server, asyncio.base_events.Server)
-            ports.append(server.sockets[0].getsockname()[1])
+            # The bound port when 0 was asked for, from the runner: any event loop's server (uvloop's too).
+            ports.append(int(runner.addresses[0][1]))
         yield ports[0], ports[1]
     finally:
         poller.cancel()

@@ -6,44 +6,14 @@ gate's own events (gate.GateObserver): nothing reaches back from the gate to the
 
 from __future__ import annotations
 
-import statistics
 from dataclasses import dataclass, field
 
 from slogate_admission.decision import Decision
-from slogate_admission.gate_machine import GateMachine
 from slogate_admission.output_tokens import SlidingQuantile
 from slogate_llama.routes import Route
 from slogate_sidecar.lease import Lease, Usage
 from slogate_sidecar.metrics import DeferralResult, SidecarMetrics
 from slogate_sidecar.rates import TtftErrorTracker
-
-
-@dataclass(slots=True)
-class TtftCorrection:
-    """A damped correction of the prefill rate from observed TTFTs.
-
-    Counter deltas say how fast llama-server prefills; observed TTFTs say how right the
-    whole prediction was (HTTP, batching, scheduling included). Every ``batch`` first
-    tokens, factor <- clamp(factor x median(actual / predicted), lo, hi): predictions made
-    with the factor in force are judged, so a right factor stays (ratio ~1) and a wrong
-    one moves geometrically toward right. The median ignores stragglers; the clamp keeps
-    one bad batch from switching protection off (or everything away).
-    """
-
-    factor: float = 1.0
-    batch: int = 32
-    lo: float = 0.5
-    hi: float = 2.0
-    _ratios: list[float] = field(default_factory=list)
-
-    def observe(self, predicted_s: float, actual_s: float) -> None:
-        """One admitted request's first token (predictions under 50 ms are too small to judge)."""
-        if predicted_s < 0.05:
-            return
-        self._ratios.append(actual_s / predicted_s)
-        if len(self._ratios) >= self.batch:
-            self.factor = min(max(self.factor * statistics.median(self._ratios), self.lo), self.hi)
-            self._ratios.clear()
 
 
 @dataclass(slots=True)
@@ -56,19 +26,15 @@ class PromptCountError:
 
 @dataclass(slots=True, eq=False)
 class TtftLearner:
-    """Predicted against actual TTFT: the error window, and the correction the gate applies."""
+    """Predicted against actual TTFT, for /state and the benchmarks. (The correction the gate
+    applies is the gate's own: ``GateMachine.errors``, learned on the same first tokens.)"""
 
-    machine: GateMachine
     tracker: TtftErrorTracker = field(default_factory=TtftErrorTracker)
-    correction: TtftCorrection = field(default_factory=TtftCorrection)
 
     def first_token(self, lease: Lease) -> None:
-        """Judge the prediction; the gate divides its prefill rate by the corrected factor."""
+        """Judge the prediction."""
         assert lease.ttft_s is not None
-        predicted = lease.decision.predicted_ttft_s
-        self.tracker.record(predicted, lease.ttft_s, lease.ttft_slo_s)
-        self.correction.observe(predicted, lease.ttft_s)
-        self.machine.slowdown = self.correction.factor
+        self.tracker.record(lease.decision.predicted_ttft_s, lease.ttft_s, lease.ttft_slo_s)
 
     def completed(self, lease: Lease, usage: Usage) -> None:
         """Nothing to learn about TTFT at the end."""

@@ -202,7 +202,10 @@ class InferenceProxy:
     async def _forward(self, request: web.Request, ex: Exchange) -> web.StreamResponse:
         sc = self.sc
         body = as_upstream_stream(with_output_limit(ex.parsed, ex.decision.output_tokens), ex.route)
-        headers = {"X-Slogate-Class": ex.decision.class_name}
+        headers = {
+            "X-Slogate-Class": ex.decision.class_name,
+            "X-Slogate-Predicted-Ttft": f"{ex.decision.predicted_ttft_s:.4f}",
+        }
         if ex.decision.clamped:
             headers["X-Slogate-Degraded"] = f"max_tokens={ex.decision.output_tokens}"
         response: web.StreamResponse | None = None

@@ -17,6 +17,16 @@ request's own prefill takes), the decode ratio the token-weighted per-stream dec
 of the requests that finished (aggregate throughput = that x the streams decoding).
 Counters also move in lumps (one request at a time), which is why samples are weighted by
 their tokens, not by wall time.
+
+Rounding: llama-server prints six significant digits, so after days of uptime a counter
+moves in steps of 100 (past 10^7) or 1,000 (past 10^8) while one scrape adds a few
+hundred tokens; the seconds counters are rounded alike. Each end of a printed delta is
+off by at most half its step (`rounding_step`), which bounds the error of Δtokens /
+Δseconds (`_worst_rate_error`). An interval is a sample only once that bound is within
+``max_rounding_error``; until then its baseline is kept and it grows, and errors never
+add up, since a sample's two ends are printed values. A sample that needed longer than
+``max_age_s`` to get there is not reported: the counters are too coarse for the traffic
+and the caller's calibrated rate is used. docs/metrics.md gives the numbers.
 """
 
 from __future__ import annotations
@@ -26,7 +36,7 @@ import statistics
 from collections import deque
 from dataclasses import dataclass
 
-from slogate_llama.counters import LlamaCounters
+from slogate_llama.counters import LlamaCounters, rounding_step
 
 __all__ = ["RateEstimator", "RateSettings", "TtftErrorSummary", "TtftErrorTracker"]
 
@@ -45,10 +55,17 @@ class RateSettings:
     decode_half_life_tokens: float = 256.0
     """Generated tokens at which a decode sample gets weight 1/2 (same formula). Lower
     than prefill's: a scrape interval sees fewer generated tokens than prompt tokens."""
+    max_rounding_error: float = 0.02
+    """Largest relative error six-digit rounding may put in one sample's rate. Each sample
+    is then within this of the true rate of its interval, and so is the average (a convex
+    combination of samples). 2 % needs ~51 steps of the token counter per sample: 510
+    tokens past 10^6, 5,100 past 10^7, 51,000 past 10^8."""
 
     def __post_init__(self) -> None:
         if self.min_tokens < 1:
             raise ValueError(f"min_tokens must be >= 1, got {self.min_tokens}")
+        if not 0 < self.max_rounding_error < 1:
+            raise ValueError(f"max_rounding_error must be in (0, 1), got {self.max_rounding_error}")
         for name in ("prefill_half_life_tokens", "decode_half_life_tokens"):
             value = getattr(self, name)
             if not (math.isfinite(value) and value > 0):
@@ -60,25 +77,64 @@ def _check_start(name: str, value: float | None) -> None:
         raise ValueError(f"{name} must be a positive number or None, got {value}")
 
 
+def _end_error(printed: float, whole: bool) -> float:
+    """How far the true counter may be from its printed value: half a rounding step.
+
+    A whole-number counter (tokens) printed with a step of 1 or less is exact.
+    """
+    step = rounding_step(printed)
+    return 0.0 if whole and step <= 1.0 else step / 2
+
+
+def _worst_rate_error(base: tuple[float, float], tokens: float, seconds: float) -> float:
+    """Largest |printed rate / true rate - 1| the rounding of both counters allows.
+
+    With b and a the largest relative errors of Δtokens and Δseconds, the true rate lies
+    in [Δt(1 - b) / Δs(1 + a), Δt(1 + b) / Δs(1 - a)], so the printed rate is off by at most
+    (a + b) / (1 - b) (the low end is the farther one). Infinite when an error reaches its
+    whole delta. Callers pass positive deltas.
+    """
+    b = (_end_error(base[0], True) + _end_error(tokens, True)) / (tokens - base[0])
+    a = (_end_error(base[1], False) + _end_error(seconds, False)) / (seconds - base[1])
+    if b >= 1 or a >= 1:
+        return math.inf
+    return (a + b) / (1 - b)
+
+
 class _CounterRate:
-    """One token-weighted EWMA of Δtokens / Δseconds over a pair of counters."""
+    """One token-weighted EWMA of Δtokens / Δseconds over a pair of printed counters."""
 
-    __slots__ = ("_base", "_estimate", "_half_life", "_min_tokens", "_sampled_at", "samples")
+    __slots__ = (
+        "_base",
+        "_base_at",
+        "_estimate",
+        "_half_life",
+        "_max_error",
+        "_min_tokens",
+        "_sampled_at",
+        "_span_s",
+        "samples",
+    )
 
-    def __init__(self, half_life_tokens: float, min_tokens: int, start: float | None) -> None:
+    def __init__(self, half_life_tokens: float, settings: RateSettings, start: float | None) -> None:
         self._half_life = half_life_tokens
-        self._min_tokens = min_tokens
+        self._min_tokens = settings.min_tokens
+        self._max_error = settings.max_rounding_error
         self._estimate = start
         self._sampled_at: float | None = None
+        self._span_s = 0.0
         self._base: tuple[float, float] | None = None
+        self._base_at = 0.0
         self.samples = 0
 
-    def rebase(self, tokens: float, seconds: float) -> None:
-        self._base = (tokens, seconds)
+    def rebase(self, tokens: float, seconds: float, now: float) -> None:
+        self._base, self._base_at = (tokens, seconds), now
 
     def advance(self, tokens: float, seconds: float, now: float) -> None:
-        if self._base is None:
-            self._base = (tokens, seconds)
+        if self._base is None or (tokens, seconds) == self._base:
+            # Nothing measurable since the baseline (idle, or moving within the rounding):
+            # the interval starts now, so idle time never makes the next sample look old.
+            self.rebase(tokens, seconds, now)
             return
         d_tokens = tokens - self._base[0]
         d_seconds = seconds - self._base[1]
@@ -87,13 +143,16 @@ class _CounterRate:
         rate = d_tokens / d_seconds
         if not math.isfinite(rate):
             return  # seconds too small to divide by: wait for more
+        if _worst_rate_error(self._base, tokens, seconds) > self._max_error:
+            return  # deltas still coarse against the rounding steps: accumulate
         if self._estimate is None:
             self._estimate = rate
         else:
             weight = 1.0 - math.pow(0.5, d_tokens / self._half_life)
             self._estimate += weight * (rate - self._estimate)
         self._sampled_at = now
-        self._base = (tokens, seconds)
+        self._span_s = now - self._base_at
+        self.rebase(tokens, seconds, now)
         self.samples += 1
 
     def age_s(self, now: float) -> float | None:
@@ -101,8 +160,8 @@ class _CounterRate:
 
     def value(self, now: float, max_age_s: float) -> float | None:
         age = self.age_s(now)
-        if age is None or age > max_age_s:
-            return None
+        if age is None or age > max_age_s or self._span_s > max_age_s:
+            return None  # never measured, measured too long ago, or too slowly to be live
         return self._estimate
 
 
@@ -110,9 +169,10 @@ class RateEstimator:
     """Smoothed live prefill and decode rates with bounded staleness.
 
     Feed it every scrape with `observe`; ask `prefill_tokens_per_s(now, max_age_s)`. None
-    means "no live measurement fresher than max_age_s": use the calibrated rate. Start
-    values (from calibration) only seed the average; until a live sample arrives the
-    getters return None all the same, because nothing live has been measured.
+    means "no live measurement fresher than max_age_s" (the last sample is older, or took
+    longer to gather because the rounded counters move too little): use the calibrated
+    rate. Start values (from calibration) only seed the average; until a live sample
+    arrives the getters return None all the same, because nothing live has been measured.
     """
 
     __slots__ = ("_decode", "_last", "_prefill", "restarts", "settings")
@@ -128,8 +188,8 @@ class RateEstimator:
         _check_start("decode_start", decode_start)
         self.settings = settings or RateSettings()
         s = self.settings
-        self._prefill = _CounterRate(s.prefill_half_life_tokens, s.min_tokens, prefill_start)
-        self._decode = _CounterRate(s.decode_half_life_tokens, s.min_tokens, decode_start)
+        self._prefill = _CounterRate(s.prefill_half_life_tokens, s, prefill_start)
+        self._decode = _CounterRate(s.decode_half_life_tokens, s, decode_start)
         self._last: LlamaCounters | None = None
         self.restarts = 0
         """Times a counter went backwards (llama-server restarted)."""
@@ -158,18 +218,19 @@ class RateEstimator:
             or counters.tokens_predicted_seconds_total < last.tokens_predicted_seconds_total
         ):
             self.restarts += 1
-            self._prefill.rebase(counters.prompt_tokens_total, counters.prompt_seconds_total)
-            self._decode.rebase(counters.tokens_predicted_total, counters.tokens_predicted_seconds_total)
+            self._prefill.rebase(counters.prompt_tokens_total, counters.prompt_seconds_total, now)
+            self._decode.rebase(counters.tokens_predicted_total, counters.tokens_predicted_seconds_total, now)
             return
         self._prefill.advance(counters.prompt_tokens_total, counters.prompt_seconds_total, now)
         self._decode.advance(counters.tokens_predicted_total, counters.tokens_predicted_seconds_total, now)
 
     def prefill_tokens_per_s(self, now: float, max_age_s: float) -> float | None:
-        """Live prefill tokens/s, or None if never measured or last measured > max_age_s ago."""
+        """Live prefill tokens/s; None if never measured, or the last sample is older than
+        max_age_s or took longer than max_age_s to gather."""
         return self._prefill.value(now, max_age_s)
 
     def decode_tokens_per_s(self, now: float, max_age_s: float) -> float | None:
-        """Live per-stream decode tokens/s, or None if never measured or too old."""
+        """Live per-stream decode tokens/s; None as for `prefill_tokens_per_s`."""
         return self._decode.value(now, max_age_s)
 
     def prefill_age_s(self, now: float) -> float | None:

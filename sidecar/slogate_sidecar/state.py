@@ -22,7 +22,7 @@ class Sidecar:
     rates: RateEstimator
     metrics: SidecarMetrics
     ttft: TtftLearner
-    """Predicted vs actual TTFT; its correction divides the gate's prefill rate."""
+    """Predicted vs actual TTFT (the gate learns its own correction: GateMachine.errors)."""
     usage: UsageLearner
     """n_out per route (the RouteQuantile estimate) and the n_in count error."""
     upstream_up: bool = False

@@ -15,7 +15,9 @@ from slogate_admission.schema import CalibrationProfile, Policy
 from slogate_bench import readme_numbers
 from slogate_bench.capacity import ServerModel, capacity_rps
 from slogate_bench.load import OUTCOME_COLUMNS, Outcome, Result, Run, outcome_counts
-from slogate_bench.report import overhead_targets, targets, write_report
+from slogate_bench.points import points, trace_bounds
+from slogate_bench.report import write_report
+from slogate_bench.targets import overhead_targets, targets
 from slogate_bench.workloads import preset
 
 REPO = Path(__file__).resolve().parents[3]
@@ -23,10 +25,11 @@ REPO = Path(__file__).resolve().parents[3]
 
 def run(scenario: str, load: float, goodput: float, *, ok: int = 20, within: int = 20, rejected: int = 0,
         refused: int = 0, timeout: int = 0, error: int = 0, workload: str = "chat",
-        retry: str = "none") -> dict[str, Any]:  # fmt: skip
+        retry: str = "none", seed: int = 1) -> dict[str, Any]:  # fmt: skip
     sent = ok + rejected + refused + timeout + error
     return {
-        "scenario": scenario, "load": load, "workload": workload, "retry": retry,
+        "scenario": scenario, "load": load, "workload": workload, "retry": retry, "seed": seed,
+        "schedule_seed": 1000 * seed + int(load * 100), "rate_rps": load * 0.8,
         "requests": sent, "arrivals": sent, "ok": ok, "within_slo": within,
         "rejected": rejected, "refused": refused, "timeout": timeout, "error": error, "goodput_rps": goodput,
         "ttft_p50_s": 0.5, "ttft_p99_s": 1.5, "rejection_latency_p50_s": 0.001 if rejected else None,
@@ -37,17 +40,23 @@ def run(scenario: str, load: float, goodput: float, *, ok: int = 20, within: int
     }  # fmt: skip
 
 
-def raw_results(slogate_4x: float) -> dict[str, Any]:
+def raw_results(slogate_4x: float, seeds: tuple[int, ...] = (1, 2)) -> dict[str, Any]:
+    """Each point on every seed, goodput a hair apart between seeds (so intervals are narrow)."""
     runs = []
-    for load in (0.5, 1.0, 2.0, 4.0):
-        runs.append(run("direct", load, 0.4 / load, within=12, timeout=int(10 * load), error=1))
-        runs.append(run("count-cap", load, 0.5, within=18, rejected=3))
-        runs.append(run("rate-limit", load, 0.5, within=19, rejected=2, timeout=1))
-    runs += [run("slogate", 0.5, 0.4), run("slogate", 1.0, 0.8), run("slogate", 2.0, 0.8, rejected=10, refused=1),
-             run("slogate", 4.0, slogate_4x, rejected=30, refused=2),
-             run("slogate", 2.0, 0.5, within=15, rejected=9, timeout=2, retry="backoff"),
-             run("count-cap", 2.0, 0.3, within=6, rejected=5, timeout=4, workload="heavy_tail")]  # fmt: skip
-    return {"environment": {"date": "today"}, "profile": "p", "slo_s": 2.0, "seconds": 40.0, "runs": runs}
+    for seed in seeds:
+        d = 0.01 * (seed - 1)
+        for load in (0.5, 1.0, 2.0, 4.0):
+            runs.append(run("direct", load, 0.4 / load + d, within=12, timeout=int(10 * load), error=1, seed=seed))
+            runs.append(run("count-cap", load, 0.5 + d, within=18, rejected=3, seed=seed))
+            runs.append(run("rate-limit", load, 0.5 + d, within=19, rejected=2, timeout=1, seed=seed))
+        runs += [run("slogate", 0.5, 0.4 + d, seed=seed), run("slogate", 1.0, 0.8 + d, seed=seed),
+                 run("slogate", 2.0, 0.8 + d, rejected=10, refused=1, seed=seed),
+                 run("slogate", 4.0, slogate_4x + d, rejected=30, refused=2, seed=seed),
+                 run("slogate", 2.0, 0.5 + d, within=15, rejected=9, timeout=2, retry="backoff", seed=seed),
+                 run("count-cap", 2.0, 0.3 + d, within=6, rejected=5, timeout=4, workload="heavy_tail", seed=seed),
+                 run("slogate", 2.0, 0.35 + d, within=19, rejected=5, workload="heavy_tail", seed=seed)]  # fmt: skip
+    return {"environment": {"date": "today", "cpu": "cpu"}, "profile": "p", "slo_s": 2.0, "seconds": 40.0,
+            "seeds": list(seeds), "runs": runs}  # fmt: skip
 
 
 def by_target(rows: list[tuple[str, str, bool | None]], prefix: str) -> tuple[str, bool | None]:
@@ -56,12 +65,29 @@ def by_target(rows: list[tuple[str, str, bool | None]], prefix: str) -> tuple[st
     return matches[0]
 
 
+LOADS = [0.5, 1.0, 2.0, 4.0]
+
+
 def test_targets_follow_the_measurements() -> None:
-    met = targets(raw_results(slogate_4x=0.76), mu=0.8)
+    met = targets(points(raw_results(slogate_4x=0.76)), 0.8, LOADS, 0.99)
     assert by_target(met, "slogate goodput at 4x") == ("95%", True)
     assert by_target(met, "slogate / direct goodput at 4x")[1] is True  # 0.76 vs 0.1
-    short = targets(raw_results(slogate_4x=0.6), mu=0.8)
+    assert by_target(met, "≥ 99% of admitted") == ("198/200 = 99.0%", True)
+    short = targets(points(raw_results(slogate_4x=0.6)), 0.8, LOADS, 0.99)
     assert by_target(short, "slogate goodput at 4x") == ("75%", False)
+
+
+def test_ahead_is_claimed_only_where_the_intervals_separate() -> None:
+    raw = raw_results(slogate_4x=0.76)
+    # slogate 0.8 vs count cap 0.5 at 1x: ahead; at 0.5x 0.4 vs 0.5, intervals ± 0.06: not separated;
+    # direct's 0.8 at 0.5x: behind.
+    measured, met = by_target(targets(points(raw), 0.8, LOADS, 0.99), "slogate's goodput ahead")
+    assert met is False
+    assert measured.startswith("ahead in 9 of 13; not separated: count-cap chat 0.5x, rate-limit chat 0.5x")
+    assert measured.endswith("behind: direct chat 0.5x")
+    # One schedule per point: no interval, nothing is called ahead or behind.
+    single = targets(points(raw_results(slogate_4x=0.76, seeds=(1,))), 0.8, LOADS, 0.99)
+    assert by_target(single, "slogate's goodput ahead")[0].startswith("ahead in 0 of")
 
 
 def test_overhead_targets_compare_with_the_issue_figures() -> None:
@@ -85,13 +111,15 @@ def test_the_report_has_every_section_and_the_plots(tmp_path: Path) -> None:
     out = tmp_path / "benchmarks.md"
     write_report(raw_results(slogate_4x=0.76), profile, thresholds, out, tmp_path / "bench")
     text = out.read_text()
-    for heading in ("## Targets", "## Plots", "## 4x offered load (chat)", "## Simulator vs measurement"):
+    for heading in ("## Targets", "## Plots", "### 4x offered load (chat)", "## Simulator vs measurement",
+                    "## Goodput with 95% intervals, and the bound (chat", "### Share of the clairvoyant"):  # fmt: skip
         assert heading in text
-    row_4x = next(line for line in text.splitlines() if line.startswith("| slogate | 52 |"))
-    assert "| 30 | 2 |" in row_4x  # rejected and refused (never fits) in their own columns
+    row_4x = next(line for line in text.splitlines() if line.startswith("| slogate | 2 | 104 |"))
+    assert "| 60 | 4 |" in row_4x  # rejected and refused (never fits), summed over both schedules
+    assert "| 4x | 0.11 ± 0.06 | 0.51 ± 0.06 | 0.51 ± 0.06 | 0.77 ± 0.06 |" in text  # means, 95% intervals
     for png in ("goodput.png", "ttft_cdf_2x.png", "latency_vs_utilization.png"):
         assert (tmp_path / "bench" / png).read_bytes().startswith(b"\x89PNG")
-    assert_tables_add_up(text, rows=18)
+    assert_tables_add_up(text, rows=len(points(raw_results(slogate_4x=0.76))))
 
 
 def results_tables(markdown: str) -> list[list[dict[str, str]]]:
@@ -130,7 +158,8 @@ def test_the_published_benchmark_tables_add_up() -> None:
     """docs/benchmarks.md as committed: within SLO + served late + rejected + refused + timed out + errors = sent."""
     published = json.loads((REPO / "docs" / "bench" / "results.json").read_text())
     deferral = json.loads((REPO / "docs" / "bench" / "deferral.json").read_text())  # `make bench-deferral`
-    rows = len(published["runs"]) + len(deferral["runs"])
+    promise = json.loads((REPO / "docs" / "bench" / "promise.json").read_text())  # `make bench-promise`
+    rows = len(points(published)) + len(deferral["runs"]) + len(promise["runs"])
     assert_tables_add_up((REPO / "docs" / "benchmarks.md").read_text(), rows=rows)
 
 
@@ -141,20 +170,21 @@ def test_tables_re_rendered_from_the_published_runs_add_up(tmp_path: Path) -> No
     thresholds = derive_thresholds(policy, profile, derived_at=datetime(2026, 1, 1, tzinfo=UTC))
     out = tmp_path / "benchmarks.md"
     write_report(raw, profile, thresholds, out, tmp_path / "bench")
-    assert_tables_add_up(out.read_text(), rows=len(raw["runs"]))
+    assert_tables_add_up(out.read_text(), rows=len(points(raw)))
     assert any(int(row["served late"]) for table in results_tables(out.read_text()) for row in table)
 
 
 def test_the_readmes_latest_numbers_are_the_published_results() -> None:
-    """The README's block is generated (`make bench`), never typed: it equals what the
+    """The README's block is generated (`make bench-full`), never typed: it equals what the
     generator makes of docs/bench/results.json now."""
     raw = json.loads((REPO / "docs" / "bench" / "results.json").read_text())
     profile = CalibrationProfile.model_validate_json((REPO / "docs" / "bench" / "profile.json").read_text())
     policy = Policy.model_validate({"slo": {"ttftSeconds": raw["slo_s"]}, "deferral": {"maxWaitSeconds": 0.5}})
     cap = derive_thresholds(policy, profile, derived_at=datetime(2026, 1, 1, tzinfo=UTC)).concurrency_cap
     mu = capacity_rps(ServerModel.from_profile(profile), preset("chat"), cap)
+    thresholds = derive_thresholds(policy, profile, derived_at=datetime(2026, 1, 1, tzinfo=UTC))
     readme = (REPO / "README.md").read_text()
-    assert readme_numbers.block(raw, mu) in readme
+    assert readme_numbers.block(raw, points(raw, trace_bounds(raw, profile, thresholds)), mu) in readme
     assert readme.count(readme_numbers.BEGIN) == 1
 
 

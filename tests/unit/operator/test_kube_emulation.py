@@ -154,7 +154,7 @@ def test_a_custom_resource_gets_its_schema_defaults_and_loses_unknown_fields(clu
     created = cluster.create(POLICIES, body)
     assert created["spec"]["calibration"] == {"onRollout": True, "timeoutSeconds": 300, "budgetSeconds": 90}
     assert created["spec"]["sidecar"] == {"port": 9000, "inject": True, "adminPort": 8082, "promptCounting": "tokenize"}
-    assert created["spec"]["slo"] == {"ttftSeconds": 2.0, "quantile": 0.5}
+    assert created["spec"]["slo"] == {"ttftSeconds": 2.0, "quantile": 0.99}
     assert created["spec"]["targetRef"]["apiVersion"] == "apps/v1"
     assert "unknownField" not in created["spec"]
     assert "status" not in created  # the status subresource: a create sets none

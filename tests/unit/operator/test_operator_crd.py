@@ -165,6 +165,7 @@ INVALID: dict[str, Callable[[dict[str, Any]], None]] = {
     "ttft negative": _set("slo.ttftSeconds", -1.5),
     "quantile one": _set("slo.quantile", 1),
     "quantile zero": _set("slo.quantile", 0),
+    "quantile below a median": _set("slo.quantile", 0.4),
     "tpot zero": _set("slo.timePerOutputTokenSeconds", 0),
     # slo.ttftSeconds is the TTFT SLO of every class without its own: required exactly when
     # one lacks it (or no classes are listed), refused when every class sets its own.

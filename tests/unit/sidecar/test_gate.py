@@ -12,7 +12,6 @@ from slogate_admission.derivation import derive_thresholds
 from slogate_admission.schema import Policy, Thresholds
 from slogate_llama.routes import Route
 from slogate_sidecar.gate import Gate, GateNotReady
-from slogate_sidecar.learners import TtftCorrection
 from slogate_sidecar.lease import Origin
 
 
@@ -245,20 +244,3 @@ async def test_reject_never_books_anything(gate: Gate) -> None:
     assert not decision.fits_ever
     assert ticket is None
     assert gate.is_idle()
-
-
-def test_ttft_correction_converges_and_is_bounded() -> None:
-    c = TtftCorrection(batch=4)
-    # The server is 30% slower than predicted: after one batch the factor says so ...
-    for _ in range(4):
-        c.observe(1.0, 1.3)
-    assert c.factor == pytest.approx(1.3)
-    # ... and predictions made with it in force are right: the factor stays.
-    for _ in range(4):
-        c.observe(1.3, 1.3)
-    assert c.factor == pytest.approx(1.3)
-    for _ in range(40):  # a pathological stretch cannot push it past the clamp
-        c.observe(1.0, 10.0)
-    assert c.factor == 2.0
-    c.observe(0.01, 5.0)  # too small to judge: ignored
-    assert len(c._ratios) == 0

@@ -82,22 +82,23 @@ async def test_an_abandoned_request_returns_its_slot_and_says_so() -> None:
     assert gate.is_idle()
 
 
-async def test_the_ttft_learner_corrects_the_gates_rate_after_a_batch() -> None:
+async def test_the_gate_corrects_its_rate_from_the_first_tokens_it_relays() -> None:
     clock = Clock()
     gate = Gate(clock=clock)
-    learner = TtftLearner(gate.machine)
-    learner.correction.batch = 4
+    learner = TtftLearner()
     gate.learners.append(learner)
     gate.load(thresholds(cap=8))
     before = gate.decide(Request(200, 10)).predicted_ttft_s
-    for _ in range(4):  # every first token comes 1.5x later than predicted
+    errors = gate.machine.errors
+    assert errors is not None
+    for _ in range(errors.bias.batch):  # every first token comes 1.5x later than predicted
         lease = (await gate.acquire(Request(200, 10), ORIGIN, arrived_at=clock.now)).lease
         assert lease is not None
         clock.now += 1.5 * lease.decision.predicted_ttft_s
         lease.first_token()
         lease.complete(Usage(200, 10))
-    assert learner.tracker.missed + learner.tracker.met == 4
-    assert gate.machine.slowdown == pytest.approx(1.5)
+    assert learner.tracker.missed + learner.tracker.met == errors.bias.batch
+    assert errors.bias.factor(0) == pytest.approx(1.5)  # one request at a time: B = 0
     assert gate.decide(Request(200, 10)).predicted_ttft_s == pytest.approx(1.5 * before)
 
 
