@@ -164,18 +164,15 @@ class GateMachine:
         ``deferred_ahead``: the waiters it would queue behind; None: an arrival's (the
         waiters of its class and above).
         """
-        config = self.config
+        config, errors = self.config, self.errors
+        assert errors is not None  # loaded with the thresholds, as the config is
+        class_name = config.limits_for(request.class_name).name
         if deferred_ahead is None:
-            rank = self._ranks.get(config.limits_for(request.class_name).name, len(self._ranks))
-            deferred_ahead = self.queue.count_at_or_above(rank)
+            deferred_ahead = self.queue.count_at_or_above(self._ranks.get(class_name, len(self._ranks)))
         live = self.prefill_rate(now)
-        rate = live if live is not None else config.prefill_tokens_per_s
-        errors = self.errors
-        if errors is None:
-            return decide(config, request, self.ledger.snapshot(now, rate, deferred_ahead), now)
-        bias = errors.bias.factor(self.ledger.streams)
-        margin = errors.margin(config.limits_for(request.class_name).name)
-        return decide(config, request, self.ledger.snapshot(now, rate / bias, deferred_ahead, margin), now)
+        rate = (live if live is not None else config.prefill_tokens_per_s) / errors.bias.factor(self.ledger.streams)
+        state = self.ledger.snapshot(now, rate, deferred_ahead, errors.margin(class_name))
+        return decide(config, request, state, now)
 
     def _judge(self, waiter: Waiter, now: float) -> Decision:
         """A waiter's decision now: its wait so far counts against its TTFT."""
