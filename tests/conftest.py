@@ -8,6 +8,7 @@ so a missing runtime is a broken build, and a skip would let it pass silently.
 from __future__ import annotations
 
 import shlex
+import shutil
 import subprocess
 import sys
 import time
@@ -46,6 +47,16 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if item.path.is_relative_to(_INTEGRATION_DIR):
             item.add_marker(pytest.mark.integration)
+
+
+@pytest.fixture(scope="session")
+def nginx_binary() -> str:
+    """Debian's nginx, the real balancer of the fleet tests (``make test`` installs it); fails,
+    never skips, if absent."""
+    found = shutil.which("nginx")
+    if found is None:
+        pytest.fail("nginx not found: `make test` installs Debian's nginx-light (apt)", pytrace=False)
+    return found
 
 
 @pytest.fixture(scope="session")

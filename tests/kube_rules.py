@@ -1,11 +1,13 @@
 """Pure rules of a real Kubernetes control plane that the emulator (tests/kube_emulation.py)
 applies and kmock does not: label and field selectors, pod spec validation, the kubelet's
-view of probes, RBAC verbs and kube-apiserver's refusal wording. No I/O, no state.
+view of probes and lifecycle hooks, RBAC verbs and kube-apiserver's refusal wording. No
+I/O, no state.
 """
 
 from __future__ import annotations
 
 import ipaddress
+import json
 import re
 import shlex
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -132,6 +134,11 @@ def pod_spec_of(kind: str, obj: Mapping[str, Any]) -> tuple[str, dict[str, Any]]
 
 
 PROBES = ("livenessProbe", "readinessProbe", "startupProbe")
+HOOKS = ("postStart", "preStop")
+HOOK_HANDLERS = ("exec", "httpGet", "sleep")
+"""A lifecycle handler's kinds; ``tcpSocket`` is deprecated and not validated (it fails at run time)."""
+IANA_SVC_NAME = re.compile(r"^(?=.{1,15}$)(?=.*[a-z])[a-z0-9]+(-[a-z0-9]+)*$")
+DEFAULT_GRACE_SECONDS = 30
 
 
 def pod_spec_errors(path: str, spec: Mapping[str, Any], kind: str) -> list[tuple[str, str, str]]:
@@ -161,17 +168,70 @@ def pod_spec_errors(path: str, spec: Mapping[str, Any], kind: str) -> list[tuple
                     errors.append(
                         (f"{where}.volumeMounts[{m}].name", "FieldValueNotFound", f'Not found: "{mount.get("name")}"')
                     )
+            errors += lifecycle_errors(where, container.get("lifecycle"), _grace(spec))
             if group == "initContainers" and container.get("restartPolicy") != "Always":
                 errors += [(f"{where}.{probe}", "FieldValueForbidden",
                             "Forbidden: may not be set for init containers without restartPolicy=Always")
                            for probe in PROBES if probe in container]  # fmt: skip
+    grace = spec.get("terminationGracePeriodSeconds")
+    if grace is not None and (not isinstance(grace, int) or grace < 0):
+        errors.append((f"{path}.terminationGracePeriodSeconds", "FieldValueInvalid",
+                       f"Invalid value: {json.dumps(grace)}: must be greater than or equal to 0"))  # fmt: skip
     if kind == "Job" and spec.get("restartPolicy") not in ("OnFailure", "Never"):
         errors.append((f"{path}.restartPolicy", "FieldValueNotSupported",
                        f'Unsupported value: "{spec.get("restartPolicy")}": supported values: "OnFailure", "Never"'))  # fmt: skip
     return errors
 
 
-# ------------------------------------------------------------------------------ the kubelet's probes
+def _grace(spec: Mapping[str, Any]) -> int:
+    grace = spec.get("terminationGracePeriodSeconds")
+    return grace if isinstance(grace, int) else DEFAULT_GRACE_SECONDS
+
+
+def lifecycle_errors(where: str, lifecycle: object, grace: int) -> list[tuple[str, str, str]]:
+    """validateLifecycle: each hook has exactly one handler, and that handler is valid."""
+    if not isinstance(lifecycle, Mapping):
+        return []
+    errors: list[tuple[str, str, str]] = []
+    for hook in HOOKS:
+        handler = lifecycle.get(hook)
+        if handler is None:
+            continue
+        at = f"{where}.lifecycle.{hook}"
+        kinds = [kind for kind in HOOK_HANDLERS if handler.get(kind) is not None]
+        if not kinds:
+            errors.append((at, "FieldValueRequired", "Required value: must specify a handler type"))
+        errors += [(f"{at}.{kind}", "FieldValueForbidden", "Forbidden: may not specify more than 1 handler type")
+                   for kind in kinds[1:]]  # fmt: skip
+        if kinds:
+            errors += _handler_errors(f"{at}.{kinds[0]}", kinds[0], handler[kinds[0]], grace)
+    return errors
+
+
+def _handler_errors(at: str, kind: str, action: Mapping[str, Any], grace: int) -> list[tuple[str, str, str]]:
+    if kind == "exec":
+        return [] if action.get("command") else [(f"{at}.command", "FieldValueRequired", "Required value")]
+    if kind == "sleep":
+        seconds = action.get("seconds")
+        if isinstance(seconds, int) and 0 <= seconds <= grace:
+            return []
+        return [(f"{at}.seconds", "FieldValueInvalid", f"Invalid value: {json.dumps(seconds)}: must be non-negative "
+                 f"and less than terminationGracePeriodSeconds ({grace})")]  # fmt: skip
+    errors = [] if action.get("path") else [(f"{at}.path", "FieldValueRequired", "Required value")]
+    port = action.get("port")
+    valid_port = (isinstance(port, int) and not isinstance(port, bool) and 1 <= port <= 65535) or (
+        isinstance(port, str) and IANA_SVC_NAME.match(port) is not None
+    )
+    if not valid_port:
+        errors.append((f"{at}.port", "FieldValueInvalid",
+                       f"Invalid value: {json.dumps(port)}: must be a port number (1-65535) or an IANA_SVC_NAME"))  # fmt: skip
+    if action.get("scheme", "HTTP") not in ("HTTP", "HTTPS"):
+        errors.append((f"{at}.scheme", "FieldValueNotSupported",
+                       f'Unsupported value: "{action.get("scheme")}": supported values: "HTTP", "HTTPS"'))  # fmt: skip
+    return errors
+
+
+# ------------------------------------------------------------------------------ the kubelet's probes and hooks
 
 
 @dataclass(frozen=True, slots=True)
@@ -182,7 +242,8 @@ class Listener:
 
 @dataclass(frozen=True, slots=True)
 class KubeletProblem:
-    """A probe the kubelet could never pass: the API server accepts it, the pod never gets ready."""
+    """A probe the kubelet could never pass (the API server accepts it, the pod never gets ready),
+    or an HTTP lifecycle hook that could never reach anything (it fails at every stop)."""
 
     kind: str
     name: str
@@ -275,17 +336,30 @@ def _probe_port(container: Mapping[str, Any], port: object) -> tuple[int | None,
     return None, f"no port named {port!r} in the container's ports"
 
 
+def _actions(container: Mapping[str, Any]) -> Iterator[tuple[str, Mapping[str, Any]]]:
+    """(where, action) of each probe and HTTP lifecycle hook the kubelet sends to the pod."""
+    for probe_name in PROBES:
+        probe = container.get(probe_name) or {}
+        action = probe.get("httpGet") or probe.get("tcpSocket") or probe.get("grpc")
+        if action:
+            yield probe_name, action
+    lifecycle = container.get("lifecycle") or {}
+    for hook in HOOKS:
+        action = (lifecycle.get(hook) or {}).get("httpGet")
+        if action:
+            yield f"lifecycle.{hook}", action
+
+
 def kubelet_problems(kind: str, name: str, spec: Mapping[str, Any]) -> list[KubeletProblem]:
-    """Probes sent to the pod IP (httpGet, tcpSocket, grpc without ``host``) that no container
-    of the pod can answer: nothing listens on that port beyond loopback."""
+    """Probes and HTTP hooks sent to the pod IP (no ``host``) that no container of the pod can
+    answer: nothing listens on that port beyond loopback. A named port is looked up among
+    the probed or hooked container's own ports, as the kubelet does."""
     containers = [*(spec.get("initContainers") or ()), *(spec.get("containers") or ())]
     listening = [listener for c in containers for listener in listeners(c)]
     found = []
     for container in containers:
-        for probe_name in PROBES:
-            probe = container.get(probe_name) or {}
-            action = probe.get("httpGet") or probe.get("tcpSocket") or probe.get("grpc")
-            if not action or action.get("host"):
+        for probe_name, action in _actions(container):
+            if action.get("host"):
                 continue
             port, why = _probe_port(container, action.get("port"))
             if port is not None:

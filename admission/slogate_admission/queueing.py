@@ -78,3 +78,21 @@ def pollaczek_khinchine_wait(arrival_rate: float, mean_service_s: float, cv2: fl
     if rho >= 1:
         return math.inf
     return rho * mean_service_s * (1.0 + cv2) / (2.0 * (1.0 - rho))
+
+
+def erlang_b(servers: int, offered_erlangs: float) -> float:
+    """Erlang B: the share of arrivals a loss system of ``servers`` (no waiting room) turns
+    away under ``offered_erlangs`` = λ · E[S] of Poisson traffic (any service distribution).
+
+    The recursion B(0) = 1, B(k) = a·B(k−1) / (k + a·B(k−1)) is exact and never overflows.
+    A fleet of N pods of C slots, each capped at C with no queue: random routing splits
+    Poisson arrivals into N streams of a/N, each pod blocking B(C, a/N); one gate over all
+    pods blocks B(N·C, a), always less (pooling). 4 slots at 3 Erlangs: 20.6%.
+    """
+    if servers < 0:
+        raise ValueError(f"servers must be >= 0, got {servers}")
+    require_non_negative("offered_erlangs", offered_erlangs)
+    blocking = 1.0
+    for k in range(1, servers + 1):
+        blocking = offered_erlangs * blocking / (k + offered_erlangs * blocking)
+    return blocking

@@ -11,7 +11,8 @@ It is the mean of the *costs*, not the cost of the mean request: prefill is not 
 the prompt. For a workload of fixed lengths it is that one request's rate, so at the
 reference request (the policy's reference prompt and output) it is the derivation's own
 ``Thresholds.throughput_rps``, the μ of L_max = cap + ⌊μ · W⌋. In the simulator's
-exponential service mode (the M/M/1 check) it is 1 / the mean service time.
+exponential service mode (slots serving in parallel) it is slots / the mean service time:
+one slot, the M/M/1 check's μ.
 """
 
 from __future__ import annotations
@@ -59,8 +60,8 @@ class ServerModel:
 
 def capacity_rps(server: ServerModel, workload: Workload, streams: int) -> float:
     """μ of ``workload`` on ``server`` with ``streams`` decoding at once (the concurrency cap)."""
-    if workload.service == "exponential":
-        return 1.0 / workload.exponential_mean_s
+    if workload.service == "exponential":  # each slot serves one request at a time, in parallel
+        return server.slots / workload.exponential_mean_s
     seconds = [
         server_seconds_per_request(server.prefill, server.decode, n_in, n_out, streams)
         for n_in, n_out in workload.draws(CAPACITY_DRAWS)

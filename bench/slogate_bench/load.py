@@ -13,6 +13,10 @@ the retry amplification λ_eff / λ, to compare with 1 / (1 − p).
 
 All times are seconds from the request's *first* attempt: a request retried into
 success has the TTFT its user saw, backoff included.
+
+Behind the fleet's balancer (``balancer``: nginx, which retries sheds itself), each answer
+names the pods nginx tried (``TRIED_HEADER``); a Result keeps it, so ``Result.tries`` counts
+nginx's tries of the request's last attempt and ``Result.answered_by`` names the pod that answered.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ from typing import Any, Literal
 
 import aiohttp
 
+from slogate_bench.balancer import TRIED_HEADER, tries_of, upstreams_of
 from slogate_bench.retries import NO_RETRY, RetryBudget, RetryPolicy, parse_retry_after
 from slogate_bench.workloads import Arrival, Workload, schedule
 
@@ -69,6 +74,20 @@ class Result:
     """slogate's median TTFT prediction for it (its ``X-Slogate-Predicted-Ttft``), if it said one."""
     lag_s: float = 0.0
     """How late the generator sent the first attempt against the schedule (its own overload)."""
+    upstreams: str | None = None
+    """The balancer's ``TRIED_HEADER`` on the last attempt's answer: the pods nginx tried, in order
+    (None: no balancer, or no answer's headers came before the client gave up)."""
+
+    @property
+    def tries(self) -> int:
+        """Pods the balancer tried for the last attempt (0: unknown, no ``TRIED_HEADER`` seen)."""
+        return tries_of(self.upstreams)
+
+    @property
+    def answered_by(self) -> str | None:
+        """The pod (``host:port``) whose answer the client got: the last one nginx tried."""
+        tried = upstreams_of(self.upstreams)
+        return tried[-1] if tried else None
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,6 +98,7 @@ class _Attempt:
     ended_at: float
     retry_after_s: float | None = None
     predicted_ttft_s: float | None = None
+    upstreams: str | None = None
 
 
 def _body(prompt: list[int], max_tokens: int) -> dict[str, object]:
@@ -92,18 +112,21 @@ async def _attempt(
     loop = asyncio.get_running_loop()
     first: float | None = None
     predicted: str | None = None
+    tried: str | None = None  # read with the headers, so a stream cut short still says where it ran
     try:
         async with asyncio.timeout_at(deadline):
             async with session.post(url + "/completion", json=body, headers=headers) as response:
+                tried = response.headers.get(TRIED_HEADER)
                 if response.status in REJECTION_STATUSES:
                     await response.read()
                     retry_after = parse_retry_after(response.headers.get("Retry-After"))
-                    return _Attempt("rejected", response.status, None, loop.time(), retry_after)
+                    return _Attempt("rejected", response.status, None, loop.time(), retry_after, upstreams=tried)
                 predicted = response.headers.get(PREDICTED_TTFT_HEADER)
                 if response.status != 200:
                     payload = await response.read()
                     refused = response.status == 400 and NEVER_FITS_CODE in payload
-                    return _Attempt("refused" if refused else "error", response.status, None, loop.time())
+                    outcome: Outcome = "refused" if refused else "error"
+                    return _Attempt(outcome, response.status, None, loop.time(), upstreams=tried)
                 async for line in response.content:
                     if not line.startswith(b"data: "):
                         continue
@@ -111,14 +134,14 @@ async def _attempt(
                     if first is None or b'"error"' in line:
                         chunk = json.loads(line[6:])
                         if "error" in chunk:
-                            return _Attempt("error", 200, first, loop.time())
+                            return _Attempt("error", 200, first, loop.time(), upstreams=tried)
                         if first is None and chunk.get("content"):
                             first = loop.time()
     except TimeoutError:
-        return _Attempt("timeout", 0, first, loop.time())
+        return _Attempt("timeout", 0, first, loop.time(), upstreams=tried)
     except (aiohttp.ClientError, ValueError):
-        return _Attempt("error", 0, first, loop.time())
-    return _Attempt("ok", 200, first, loop.time(), None, float(predicted) if predicted else None)
+        return _Attempt("error", 0, first, loop.time(), upstreams=tried)
+    return _Attempt("ok", 200, first, loop.time(), None, float(predicted) if predicted else None, tried)
 
 
 async def request_with_retries(
@@ -173,6 +196,7 @@ async def request_with_retries(
             arrival.prompt_tokens,
             arrival.max_tokens,
             done.predicted_ttft_s,
+            upstreams=done.upstreams,
         )
 
 
@@ -206,6 +230,7 @@ async def one_request(
         class_name,
         len(prompt),
         max_tokens,
+        upstreams=done.upstreams,
     )
 
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import shutil
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,13 +30,18 @@ RETURN_PATH, LIMIT_PATH = "/return", "/limit"
 """Base paths of the two ways to refuse; clients append ``/completion``."""
 
 
-def nginx_config(port: int, prefix: Path) -> str:
-    """The whole nginx.conf: one worker on 127.0.0.1:``port``, files under ``prefix``, no access log."""
-    temp = "\n".join(
-        f"    {kind}_temp_path {prefix / 'temp' / kind};"
-        for kind in ("client_body", "proxy", "fastcgi", "uwsgi", "scgi")
-    )
-    return f"""# Written by slogate_bench.nginx for the reject-latency benchmark.
+_TEMP_KINDS = ("client_body", "proxy", "fastcgi", "uwsgi", "scgi")
+
+
+def temp_paths(prefix: Path) -> str:
+    """The ``*_temp_path`` lines that keep nginx's temporary files under ``prefix``."""
+    return "\n".join(f"    {kind}_temp_path {prefix / 'temp' / kind};" for kind in _TEMP_KINDS)
+
+
+def main_context(prefix: Path, written_by: str, worker_connections: int) -> str:
+    """What every nginx.conf of ours starts with: one worker in the foreground, its pid and
+    error log under ``prefix``, and its ``events`` block."""
+    return f"""# Written by {written_by}.
 daemon off;
 master_process on;
 worker_processes 1;
@@ -44,8 +49,14 @@ pid {prefix / "nginx.pid"};
 error_log {prefix / "error.log"} warn;
 
 events {{
-    worker_connections 1024;
-}}
+    worker_connections {worker_connections};
+}}"""
+
+
+def nginx_config(port: int, prefix: Path) -> str:
+    """The whole nginx.conf: one worker on 127.0.0.1:``port``, files under ``prefix``, no access log."""
+    temp = temp_paths(prefix)
+    return f"""{main_context(prefix, "slogate_bench.nginx for the reject-latency benchmark", 1024)}
 
 http {{
     access_log off;
@@ -107,16 +118,30 @@ def nginx_version(binary: str = "nginx") -> str | None:
 
 @asynccontextmanager
 async def spawned_nginx(work_dir: Path, ready_timeout_s: float = 15.0) -> AsyncIterator[NginxProcess]:
-    """nginx in the foreground (``daemon off``) with a config under ``work_dir/nginx``, once it answers."""
+    """The reject floor's nginx (``nginx_config``) under ``work_dir/nginx``, once it answers."""
+    async with running_nginx(work_dir / "nginx", nginx_config, ready_timeout_s) as nginx:
+        yield nginx
+
+
+@asynccontextmanager
+async def running_nginx(
+    prefix: Path, config_for: Callable[[int, Path], str], ready_timeout_s: float = 15.0
+) -> AsyncIterator[NginxProcess]:
+    """nginx in the foreground (``daemon off``) with the config ``config_for(port, prefix)``
+    written under ``prefix``, once its ``/health`` answers 200; stopped on exit.
+
+    Every config given here listens on 127.0.0.1:port, answers ``/health`` itself and keeps
+    its files under ``prefix`` (``temp_paths``), so nothing of the system's nginx is touched.
+    """
     binary = shutil.which("nginx")
     if binary is None:
         raise RuntimeError(NGINX_HINT)
-    prefix = (work_dir / "nginx").resolve()
-    for kind in ("client_body", "proxy", "fastcgi", "uwsgi", "scgi"):
+    prefix = prefix.resolve()
+    for kind in _TEMP_KINDS:
         (prefix / "temp" / kind).mkdir(parents=True, exist_ok=True)
     port = free_port()
     config = prefix / "nginx.conf"
-    config.write_text(nginx_config(port, prefix))
+    config.write_text(config_for(port, prefix))
     log = prefix / "stderr.log"
     with log.open("ab") as sink:
         child = await asyncio.create_subprocess_exec(

@@ -1,14 +1,18 @@
 """`slogate simulate`'s work: a policy previewed in the simulator, and the report it prints.
 
-Every front at every load on the same arrivals (one seed), μ by ``capacity.capacity_rps``,
-what the workload can never get (warnings), and, in the exponential service mode, the
-M/M/1 check: each request replaced by Exp(1/μ) seconds of work on one slot, the closed
-form W = 1 / (μ − λ) reported beside the simulated mean. The CLI parses and prints.
+Every front at every load (and, for a fleet of ``replicas`` pods, every routing) on the
+same arrivals (one seed), μ by ``capacity.capacity_rps``, what the workload can never get
+(warnings), and, in the exponential service mode, the closed forms beside the simulation:
+each request replaced by Exp(slots/μ) seconds of work on one of ``slots`` parallel slots;
+with one slot and one pod, M/M/1's W = 1 / (μ − λ); with a count cap of at most ``slots``
+and no queue, Erlang B's blocking, per pod under ``random`` routing, over the whole fleet
+under ``central``. The CLI parses and prints.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -16,13 +20,14 @@ from typing import Any
 from rich.table import Table
 
 from slogate_admission.derivation import longest_prompt_within
-from slogate_admission.queueing import mm1_time_in_system
+from slogate_admission.queueing import erlang_b, mm1_time_in_system
 from slogate_admission.schema import CalibrationProfile, ClassThresholds, Thresholds
 from slogate_bench.capacity import ServerModel, capacity_rps
 from slogate_bench.lengths import Lengths
 from slogate_bench.limits import CountCap
-from slogate_bench.scenario import GateKind, config_for_load
-from slogate_bench.simulated_fronts import line_up
+from slogate_bench.scenario import GateKind, SimulationConfig, config_for_load
+from slogate_bench.simulated_fronts import CountCapped, line_up
+from slogate_bench.simulated_routing import Routing
 from slogate_bench.simulator import simulate
 from slogate_bench.workloads import CHAT_OUTPUTS, CHAT_PROMPTS, DEFAULT_CLIENT_TIMEOUT_S, ServiceMode, Workload
 
@@ -58,6 +63,12 @@ class PreviewRequest:
     """The count-cap front's streams; None: the derived concurrency cap."""
     count_cap_queue: int = 8
     """The count-cap front's queue."""
+    replicas: int = 1
+    """Pods, each its own server and front, behind the balancer."""
+    routings: tuple[Routing, ...] = (Routing(),)
+    """How arrivals find a pod (``simulated_routing``); each is run at every gate and load."""
+    slots: int = 1
+    """The exponential mode's parallel slots per pod (1: the M/M/1 check)."""
 
 
 def describe(lengths: Lengths) -> str:
@@ -104,12 +115,35 @@ def workload_warnings(
     return warnings
 
 
-def mm1_check(server: ServerModel, workload: Workload, streams: int) -> tuple[ServerModel, Workload]:
-    """The M/M/1 check: the same μ, as Exp(1/μ) seconds of work on a single slot."""
+def exponential_check(
+    server: ServerModel, workload: Workload, streams: int, slots: int
+) -> tuple[ServerModel, Workload]:
+    """The closed-form check: the same μ, as Exp(slots/μ) seconds of work on each of
+    ``slots`` parallel slots (one slot: M/M/1)."""
     mu = capacity_rps(server, workload, streams)
-    return ServerModel(1, server.prefill, server.decode), dataclasses.replace(
-        workload, service="exponential", exponential_mean_s=1.0 / mu
+    return ServerModel(slots, server.prefill, server.decode), dataclasses.replace(
+        workload, service="exponential", exponential_mean_s=slots / mu
     )
+
+
+def erlang_b_check(config: SimulationConfig, cap: CountCap) -> float | None:
+    """Erlang B's blocking for an exponential run whose pods are loss systems (a count cap
+    of at most the slots, no queue): per pod under ``random`` (Poisson split N ways),
+    for the fleet under ``central``; None for any other run."""
+    front = config.front
+    if (
+        config.workload.service != "exponential"
+        or not isinstance(front, CountCapped)
+        or cap.queue
+        or cap.concurrency > config.server.slots
+    ):
+        return None
+    erlangs = config.arrival_rate_rps * config.workload.exponential_mean_s
+    if config.routing.name == "random":
+        return erlang_b(cap.concurrency, erlangs / config.replicas)
+    if config.routing.name == "central":
+        return erlang_b(cap.concurrency * config.replicas, erlangs)
+    return None
 
 
 def preview(request: PreviewRequest) -> dict[str, Any]:
@@ -122,28 +156,31 @@ def preview(request: PreviewRequest) -> dict[str, Any]:
     server = ServerModel.from_profile(request.profile)
     workload = Workload(request.prompt_tokens, request.output_tokens, client_timeout_s=timeout)
     if exponential:
-        server, workload = mm1_check(server, workload, thresholds.concurrency_cap)
+        server, workload = exponential_check(server, workload, thresholds.concurrency_cap, request.slots)
     count_cap = CountCap(request.count_cap_concurrency or thresholds.concurrency_cap, request.count_cap_queue)
     default = thresholds.default_class_thresholds
     fronts = line_up(thresholds, count_cap)
     runs: list[dict[str, Any]] = []
-    for gate in request.gates:
-        for load in request.loads:
-            config = config_for_load(
-                server,
-                workload,
-                load=load,
-                duration_s=request.duration_s,
-                ttft_slo_s=default.ttft_slo_seconds,
-                front=fronts[gate],
-                concurrency=thresholds.concurrency_cap,
-                seed=request.seed,
-            )
-            run_report: dict[str, Any] = {"load": load, **simulate(config).as_dict()}
-            if exponential:
-                w = mm1_time_in_system(config.arrival_rate_rps, config.capacity_rps)
-                run_report["mm1_time_in_system_s"] = w if math.isfinite(w) else None
-            runs.append(run_report)
+    for gate, routing, load in itertools.product(request.gates, request.routings, request.loads):
+        config = config_for_load(
+            server,
+            workload,
+            load=load,
+            duration_s=request.duration_s,
+            ttft_slo_s=default.ttft_slo_seconds,
+            front=fronts[gate],
+            concurrency=thresholds.concurrency_cap,
+            seed=request.seed,
+            replicas=request.replicas,
+            routing=routing,
+        )
+        run_report: dict[str, Any] = {"load": load, **simulate(config).as_dict()}
+        if exponential and request.slots == 1 and request.replicas == 1:
+            w = mm1_time_in_system(config.arrival_rate_rps, config.capacity_rps)
+            run_report["mm1_time_in_system_s"] = w if math.isfinite(w) else None
+        if exponential:
+            run_report["erlang_b_blocking"] = erlang_b_check(config, count_cap)
+        runs.append(run_report)
     return {
         "calibration_id": thresholds.calibration_id,
         "model": thresholds.model,
@@ -155,6 +192,7 @@ def preview(request: PreviewRequest) -> dict[str, Any]:
         "output_tokens": describe(request.output_tokens),
         "warnings": workload_warnings(server, workload, default, request.gates),
         "concurrency_cap": thresholds.concurrency_cap,
+        "replicas": request.replicas,
         "client_timeout_s": timeout if math.isfinite(timeout) else None,
         "capacity_rps": runs[0]["capacity_rps"],
         "runs": runs,
@@ -183,18 +221,22 @@ def table(report: dict[str, Any]) -> Table:
         if report["prompt_tokens"] == report["output_tokens"] == CHAT
         else f"prompts {report['prompt_tokens']}, outputs {report['output_tokens']} tokens"
     )
+    fleet = report["replicas"] > 1
+    pods = f"{report['replicas']} pods, " if fleet else ""
     t = Table(
         title=(
-            f"{report['model']}: capacity μ {report['capacity_rps']:.3f} req/s, {slo_title(report)}, "
+            f"{report['model']}: {pods}capacity μ {report['capacity_rps']:.3f} req/s, {slo_title(report)}, "
             f"{lengths}, {patience} ({report['service']} service)"
         )
     )
-    columns = ("gate", "load", "offered", "admitted", "rejected", "timed out", "within SLO", "goodput")
-    for column in (*columns, "p50 TTFT", "p99 TTFT", "mean W", "util"):
-        t.add_column(column, justify="left" if column == "gate" else "right")
+    columns = ("gate", *(("routing", "tries/req") if fleet else ()), "load", "offered", "admitted", "rejected")
+    for column in (*columns, "timed out", "within SLO", "goodput", "p50 TTFT", "p99 TTFT", "mean W", "util"):
+        t.add_column(column, justify="left" if column in ("gate", "routing") else "right")
     for r in report["runs"]:
+        routing = (r["routing"], f"{r['tries'] / r['offered']:.2f}" if r["offered"] else "-") if fleet else ()
         t.add_row(
             r["gate"],
+            *routing,
             f"{r['load']:g}x",
             *(str(r[k]) for k in ("offered", "admitted", "rejected", "timed_out", "completed_within_slo")),
             f"{r['goodput_rps']:.3f} req/s",

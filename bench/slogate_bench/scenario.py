@@ -18,6 +18,7 @@ from slogate_admission.service import DecodeCurve, PrefillCurve
 from slogate_bench.capacity import ServerModel, capacity_rps
 from slogate_bench.lengths import TokenLengths
 from slogate_bench.simulated_fronts import Direct, FrontSpec, Gated
+from slogate_bench.simulated_routing import Routing
 from slogate_bench.workloads import DEFAULT_CLIENT_TIMEOUT_S, Workload
 
 GateKind = Literal["none", "slogate", "count-cap"]
@@ -26,6 +27,9 @@ GATES: tuple[GateKind, ...] = ("none", "slogate", "count-cap")
 
 
 # --------------------------------------------------------------------------- inputs
+
+Pod = tuple[ServerModel, FrontSpec]
+"""A simulated pod: its llama-server and what stands before it."""
 
 
 class ArrivalLike(Protocol):
@@ -82,8 +86,17 @@ class SimulationConfig:
     trace: tuple[Traced, ...] | None = None
     """The arrivals to replay instead of drawing them (``trace_of``): times within
     [0, duration_s], in order. The workload then only says the clients' patience."""
+    replicas: int = 1
+    """Pods behind the balancer, each its own llama-server and front (``simulated_pod``)."""
+    routing: Routing = field(default_factory=Routing)
+    """How arrivals find a pod (``simulated_routing``); irrelevant with one replica."""
+    pods: tuple[Pod, ...] = ()
+    """Each pod's own server and front, pod i taking ``pods[i % len(pods)]`` (pods
+    calibrated apart); empty: every pod is ``server`` behind ``front``."""
 
     def __post_init__(self) -> None:
+        if self.replicas < 1:
+            raise ValueError(f"replicas must be >= 1, got {self.replicas}")
         rates = ("duration_s",) if self.trace is not None else ("arrival_rate_rps", "duration_s")
         for name in rates:
             value = getattr(self, name)
@@ -91,7 +104,8 @@ class SimulationConfig:
                 raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
         if not self.ttft_slo_s > 0:
             raise ValueError(f"ttft_slo_s must be > 0, got {self.ttft_slo_s!r}")
-        if isinstance(self.front, Gated) and self.workload.service == "exponential":
+        gated = any(isinstance(front, Gated) for _, front in self.pod_specs())
+        if gated and self.workload.service == "exponential":
             raise ValueError("the slogate gate predicts from token counts: use the profile service mode")
         if self.trace is not None:
             self._check_trace(self.trace)
@@ -99,11 +113,16 @@ class SimulationConfig:
             longest = self.workload.prompt_tokens.high + self.workload.output_tokens.high
             if self.trace is not None:
                 longest = max((a.prompt_tokens + a.max_tokens for a in self.trace), default=0)
-            if isinstance(self.front, Gated) and longest > self.front.thresholds.per_request_max_tokens:
-                raise ValueError(
-                    f"prompt + output tokens reach {longest}, beyond one slot's "
-                    f"{self.front.thresholds.per_request_max_tokens}: llama-server would refuse them"
-                )
+            for _, front in self.pod_specs():
+                if isinstance(front, Gated) and longest > front.thresholds.per_request_max_tokens:
+                    raise ValueError(
+                        f"prompt + output tokens reach {longest}, beyond one slot's "
+                        f"{front.thresholds.per_request_max_tokens}: llama-server would refuse them"
+                    )
+
+    def pod_specs(self) -> tuple[Pod, ...]:
+        """The distinct pods, cycled over the replicas."""
+        return self.pods or ((self.server, self.front),)
 
     def _check_trace(self, trace: tuple[Traced, ...]) -> None:
         if self.workload.service != "profile":
@@ -156,7 +175,14 @@ class SimulationResult:
     entered: int
     """Arrivals not rejected on the spot: L = λ · W holds with λ = entered / duration_s."""
     utilization: float
-    """Fraction of [0, duration_s] the server was computing (prefill or decode)."""
+    """Fraction of [0, duration_s] the server was computing (prefill or decode); for a
+    fleet, the pods' mean."""
+    replicas: int = 1
+    """Pods in the fleet."""
+    routing: str = "random"
+    """How arrivals found a pod (``simulated_routing.Routing``, as the command line says it)."""
+    tries: int = 0
+    """Pods tried, summed over the offered requests (= offered without retries)."""
 
     def as_dict(self) -> dict[str, object]:
         """Plain JSON-ready values."""
@@ -176,16 +202,18 @@ def config_for_load(
     front: FrontSpec,
     concurrency: int | None = None,
     seed: int = 0,
+    replicas: int = 1,
+    routing: Routing | None = None,
 ) -> SimulationConfig:
     """A run at ``load`` x μ, μ taken at ``concurrency`` streams (the derived concurrency cap;
-    the server's slots if None).
+    the server's slots if None); for ``replicas`` pods, ``load`` x their summed μ.
 
     Give every front the same ``concurrency``: the same λ, so fronts are compared on the
     same offered traffic (and, with the same seed, on the very same arrivals).
     """
     if not (math.isfinite(load) and load > 0):
         raise ValueError(f"load must be a finite number > 0, got {load!r}")
-    mu = capacity_rps(server, workload, concurrency if concurrency is not None else server.slots)
+    mu = replicas * capacity_rps(server, workload, concurrency if concurrency is not None else server.slots)
     return SimulationConfig(
         server=server,
         workload=workload,
@@ -195,6 +223,8 @@ def config_for_load(
         front=front,
         seed=seed,
         capacity_rps=mu,
+        replicas=replicas,
+        routing=routing or Routing(),
     )
 
 

@@ -33,6 +33,7 @@ from slogate_bench.limits import CountCap
 
 Key = Hashable
 """The simulator's handle on a request (fronts never look inside it)."""
+_DAY_S = 86_400.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,6 +90,11 @@ class Front(Protocol):
         """A held request's deadline came."""
         ...
 
+    def pressure(self) -> float:
+        """How pressed it is now, for a router that sees every front (``central``): the pod
+        with the least is sent the next request."""
+        ...
+
 
 class _Holdless:
     """A front that decides at arrival and never holds: every later event is nothing to it."""
@@ -115,11 +121,24 @@ class _Holdless:
 class DirectFront(_Holdless):
     """llama-server alone."""
 
-    __slots__ = ()
+    __slots__ = ("inside",)
+
+    def __init__(self) -> None:
+        self.inside = 0
 
     def arrive(self, key: Key, prompt_tokens: int, output_tokens: int, now: float) -> Answer:
         """Everything goes in."""
+        self.inside += 1
         return Forward(key, output_tokens)
+
+    def ended(self, key: Key, now: float) -> list[Forward | Refuse]:
+        """One fewer inside."""
+        self.inside -= 1
+        return []
+
+    def pressure(self) -> float:
+        """Requests in llama-server (join the shortest queue)."""
+        return float(self.inside)
 
 
 @dataclass(slots=True, eq=False)
@@ -167,20 +186,30 @@ class CountCapFront:
         """Its queue has no deadline."""
         return []
 
+    def pressure(self) -> float:
+        """Requests forwarded and queued: a pod under its cap has fewer than ``concurrency``."""
+        return float(len(self.in_flight) + len(self.held))
+
 
 class SlogateFront:
     """The GateMachine: every arrival of the default class, the calibrated prefill rate."""
 
     def __init__(self, thresholds: Thresholds) -> None:
         self.machine = GateMachine()
-        self.machine.load(thresholds, 0.0)
         self._tickets: dict[Key, Ticket] = {}
         self._waiters: dict[Key, Waiter] = {}
         self._keys: dict[Waiter, Key] = {}
+        self._streams_cap = 0
+        self._seconds_per_token = 0.0
+        self.swap(thresholds, 0.0)
 
     def swap(self, thresholds: Thresholds, now: float) -> list[Forward | Refuse]:
         """New thresholds in force (as pushed to a sidecar); waiters are judged again."""
-        return self._answers(self.machine.load(thresholds, now))
+        resolutions = self.machine.load(thresholds, now)
+        config = self.machine.config
+        self._streams_cap = min(config.decode_streams_cap, config.limits_for(None).concurrency_cap)
+        self._seconds_per_token = 1.0 / config.prefill_tokens_per_s
+        return self._answers(resolutions)
 
     def arrive(
         self, key: Key, prompt_tokens: int, output_tokens: int, now: float, class_name: str | None = None
@@ -222,6 +251,15 @@ class SlogateFront:
         expired = self.machine.expire(waiter, now)
         return self._answers([expired]) if expired is not None else []
 
+    def pressure(self) -> float:
+        """The predicted queue wait (queued prompt tokens at the calibrated rate), plus a day
+        if no stream is free or requests are deferred: any pod that can admit comes first."""
+        ledger = self.machine.ledger
+        wait = ledger.queued_prefill_tokens * self._seconds_per_token
+        if ledger.streams >= self._streams_cap or self.machine.queue:
+            wait += _DAY_S
+        return wait
+
     def _answers(self, resolutions: list[Resolution]) -> list[Forward | Refuse]:
         answers: list[Forward | Refuse] = []
         for r in resolutions:
@@ -244,6 +282,10 @@ class PlannedFront(_Holdless):
 
     admit: frozenset[int]
     arrived: int = 0
+
+    def pressure(self) -> float:
+        """A plan for one server's trace: never routed among others."""
+        return 0.0
 
     def arrive(self, key: Key, prompt_tokens: int, output_tokens: int, now: float) -> Answer:
         """Forward the planned arrivals in full, refuse the others."""

@@ -55,8 +55,19 @@ Gates
 - ``clairvoyant``: on a trace, a plan made knowing every request's service
   (``clairvoyant.bound_for_trace``): each arrival forwarded at once or refused.
 
+Fleets
+------
+``replicas`` pods (``simulated_pod``), each its own llama-server and front (its own
+GateMachine and calibrated curves: ``SimulationConfig.pods``), behind a balancer
+(``simulated_routing``: random, round-robin, least-requests, retry-429, central). A pod's
+refusal sent to another pod by ``retry-429`` costs no time; a request's TTFT runs from its
+first arrival. Every event touches one pod, so a run of 1,000 pods costs per request about
+what a run of one does.
+
 An ``exponential`` service mode replaces each request's work with an Exp(mean) number of
-server-seconds and no decode: with no gate it is exactly M/M/1, the closed-form check.
+server-seconds on its own slot (slots in parallel) and no decode: with no gate and one
+slot it is exactly M/M/1, the closed-form check; with a count cap of C slots and no queue,
+C servers with no waiting room, Erlang's loss system.
 Runs start empty (no warm-up), arrivals stop at ``duration_s``, and the run continues
 until every request has left. Rates and time averages are over [0, duration_s].
 """
@@ -64,30 +75,20 @@ until every request has left. Rates and time averages are over [0, duration_s].
 from __future__ import annotations
 
 import heapq
+import itertools
 import math
 from array import array
-from collections import deque
 from collections.abc import Iterator
-from dataclasses import dataclass
 
 import numpy as np
 
 from slogate_bench.scenario import SimulationConfig, SimulationResult
 from slogate_bench.simulated_fronts import Forward, Hold, Refuse
+from slogate_bench.simulated_pod import AT_GATE, GONE, SimRequest, SimulatedPod
+from slogate_bench.simulated_routing import Router
 
 _CHUNK = 4096
 """Arrivals drawn per batch from each RNG stream."""
-
-
-# --------------------------------------------------------------------------- the engine
-
-# Where a request is. The gate-side places come first; a request leaves llama-server's
-# side only by finishing or by its client leaving.
-_AT_GATE = 0  # deferred by slogate, or queued in front by count-cap
-_SERVER_QUEUE = 1
-_PREFILL = 2
-_DECODE = 3
-_GONE = 4
 
 # Timer kinds.
 _CLIENT_TIMEOUT = 0
@@ -98,30 +99,19 @@ _COMPLETION = 0
 _TIMER = 1
 _ARRIVAL = 2
 
-
-@dataclass(slots=True, eq=False)
-class _Req:
-    arrival: float
-    prompt_tokens: int
-    output_tokens: int
-    prefill_s: float
-    where: int = _SERVER_QUEUE
-    forwarded: bool = False
-    """Went through the front (whose place it holds until it ends)."""
-    abandoned: bool = False
-    first_token: bool = False
-    ttft: float = math.nan
+_NO_SERVICE = -1.0
+"""An arrival's service when the pod it reaches decides it (T_prefill of that pod's curve)."""
 
 
 def _arrivals(config: SimulationConfig) -> Iterator[tuple[float, int, int, float]]:
-    """(time, prompt tokens, output tokens, prefill seconds) of each arrival in [0, duration].
+    """(time, prompt tokens, output tokens, exponential service or ``_NO_SERVICE``) of each
+    arrival in [0, duration].
 
-    One RNG stream per quantity, spawned from the seed: every gate sees the same arrivals.
-    With a ``trace``, its arrivals instead, as they are (the seed is not used).
+    One RNG stream per quantity, spawned from the seed: every gate sees the same arrivals
+    (a fifth stream is the router's). With a ``trace``, its arrivals instead, as they are.
     """
     if config.trace is not None:
-        prefill = config.server.prefill
-        yield from ((a.at_s, a.prompt_tokens, a.max_tokens, prefill.seconds(a.prompt_tokens)) for a in config.trace)
+        yield from ((a.at_s, a.prompt_tokens, a.max_tokens, _NO_SERVICE) for a in config.trace)
         return
     wl = config.workload
     times_rng, prompt_rng, output_rng, service_rng = (
@@ -139,14 +129,14 @@ def _arrivals(config: SimulationConfig) -> Iterator[tuple[float, int, int, float
             services: list[float] = service_rng.exponential(wl.exponential_mean_s, size=_CHUNK)[:count].tolist()
             outputs = [0] * count
         else:
-            services = [config.server.prefill.seconds(n) for n in prompts]
+            services = [_NO_SERVICE] * count
         arrival_times: list[float] = times[:count].tolist()
         yield from zip(arrival_times, prompts, outputs, services, strict=True)
 
 
 class _Simulation:
-    """The event loop. Events: arrivals, the prefill head finishing, the soonest decode
-    stream finishing, and timers (client timeouts, deferral deadlines)."""
+    """The event loop. Events: arrivals, a pod's prefill head or soonest decode stream
+    finishing, and timers (client timeouts, deferral deadlines)."""
 
     def __init__(self, config: SimulationConfig) -> None:
         self.cfg = config
@@ -154,28 +144,25 @@ class _Simulation:
         self.timeout = config.workload.client_timeout_s
         self.slo = config.ttft_slo_s
         self.now = 0.0
-        # llama-server
-        self.free_slots = config.server.slots
-        self.server_queue: deque[_Req] = deque()
-        self.prefill_fifo: deque[_Req] = deque()
-        self.prefill_left = 0.0
-        self.decoders: list[tuple[float, int, _Req]] = []  # (finish on the virtual token clock, seq, req)
-        self.vtokens = 0.0
-        """Tokens each decoding stream has produced since t = 0 (all advance together)."""
-        limit = max(config.server.slots, 1)
-        self.seconds_per_token = [0.0] + [config.server.decode.seconds_per_token(b) for b in range(1, limit + 1)]
-        # the gate
-        self.front = config.front.build()
-        # timers: (time, seq, kind, req), stale entries skipped
-        self.timers: list[tuple[float, int, int, _Req]] = []
-        self.seq = 0
+        self.exponential = config.workload.service == "exponential"
+        self.seq = itertools.count()
+        specs = itertools.cycle(config.pod_specs())
+        self.pods = [
+            SimulatedPod(i, server, front.build(), self.window, exponential=self.exponential, seq=self.seq)
+            for i, (server, front) in zip(range(config.replicas), specs, strict=False)
+        ]
+        self.router = Router(config.routing, len(self.pods), config.seed)
+        self.retrying = config.routing.tries > 1
+        # (time, seq, pod, the pod's version when pushed): stale entries skipped
+        self.completions: list[tuple[float, int, SimulatedPod, int]] = []
+        # timers: (time, seq, kind, req, pod of a deadline), stale entries skipped
+        self.timers: list[tuple[float, int, int, SimRequest, int]] = []
         # measurements
-        self.offered = self.admitted = self.deferred = self.rejected = 0
+        self.offered = self.admitted = self.deferred = self.rejected = self.tries = 0
         self.timed_out = self.completed = self.within = self.entered = 0
         self.completed_in_window = 0
         self.inside = 0
         self.area = 0.0
-        self.busy = 0.0
         self.sojourn_sum = 0.0
         self.sojourn_count = 0
         self.ttfts = array("d")
@@ -186,168 +173,166 @@ class _Simulation:
         arrivals = _arrivals(self.cfg)
         upcoming = next(arrivals, None)
         inf = math.inf
-        fifo, decoders, timers, per_token = self.prefill_fifo, self.decoders, self.timers, self.seconds_per_token
+        completions, timers, window = self.completions, self.timers, self.window
         while True:
             # The soonest event; at equal times completions go first (they free what an
             # arrival might need), then timers, then the arrival.
-            now = self.now
+            while completions and completions[0][3] != completions[0][2].version:
+                heapq.heappop(completions)
+            t = completions[0][0] if completions else inf
             kind = _COMPLETION
-            if fifo:
-                t = now + self.prefill_left
-            elif decoders:
-                t = now + (decoders[0][0] - self.vtokens) * per_token[len(decoders)]
-            else:
-                t = inf
             if timers and timers[0][0] < t:
                 t, kind = timers[0][0], _TIMER
             if upcoming is not None and upcoming[0] < t:
                 t, kind = upcoming[0], _ARRIVAL
             if t == inf:
                 break
-            self._advance(t)
+            if t > self.now:  # the run's clock; pods keep their own
+                if self.now < window:
+                    self.area += self.inside * ((t if t < window else window) - self.now)
+                self.now = t
             if kind == _ARRIVAL:
                 assert upcoming is not None
                 self._arrive(*upcoming)
                 upcoming = next(arrivals, None)
             elif kind == _TIMER:
                 self._timer()
-            elif fifo:
-                self._prefill_done()
             else:
-                self._decode_done()
+                self._completion(heapq.heappop(completions)[2])
         return self._result()
 
-    def _advance(self, t: float) -> None:
-        """Move the clock to ``t``: integrate the counts, progress the work in hand."""
-        now = self.now
-        if t <= now:
-            return
-        window = self.window
-        fifo, decoders = self.prefill_fifo, self.decoders
-        if now < window:
-            overlap = (t if t < window else window) - now
-            self.area += self.inside * overlap
-            if fifo or decoders:
-                self.busy += overlap
-        if fifo:
-            self.prefill_left -= t - now
-        elif decoders:
-            self.vtokens += (t - now) / self.seconds_per_token[len(decoders)]
-        self.now = t
+    def _changed(self, pod: SimulatedPod) -> None:
+        """After ``pod``'s state changed: its next completion rescheduled, the router told."""
+        t = pod.next_completion()
+        if t != pod.scheduled:
+            pod.version += 1
+            pod.scheduled = t
+            if t < math.inf:
+                heapq.heappush(self.completions, (t, next(self.seq), pod, pod.version))
+        if self.router.tracks:
+            self.router.changed(pod.index, pod.conns, pod.front)
 
-    def _push_timer(self, at: float, kind: int, req: _Req) -> None:
+    def _push_timer(self, at: float, kind: int, req: SimRequest, pod: int = -1) -> None:
         if at < math.inf:
-            self.seq += 1
-            heapq.heappush(self.timers, (at, self.seq, kind, req))
+            heapq.heappush(self.timers, (at, next(self.seq), kind, req, pod))
 
-    # ------------------------------------------------------------------ arrivals and the gates
+    # ------------------------------------------------------------------ arrivals, routing and fronts
 
-    def _arrive(self, at: float, prompt_tokens: int, output_tokens: int, prefill_s: float) -> None:
-        req = _Req(at, prompt_tokens, output_tokens, prefill_s)
+    def _arrive(self, at: float, prompt_tokens: int, output_tokens: int, service: float) -> None:
         self.offered += 1
-        answer = self.front.arrive(req, prompt_tokens, output_tokens, self.now)
-        if isinstance(answer, Refuse):
-            self.rejected += 1
-            return
-        self._enter(req)
-        if isinstance(answer, Hold):
-            self.deferred += 1
-            req.where = _AT_GATE
-            self._push_timer(answer.deadline, _DEFER_DEADLINE, req)
-        else:
-            self._apply([answer])
+        self._try(SimRequest(at, prompt_tokens, output_tokens, service), self.router.first())
 
-    def _enter(self, req: _Req) -> None:
-        """The request is inside (not rejected on the spot); its client's patience starts now."""
+    def _try(self, req: SimRequest, index: int) -> None:
+        """Offer the request to pod ``index``'s front."""
+        pod = self.pods[index]
+        pod.advance(self.now)
+        req.pod = index
+        req.tries += 1
+        self.tries += 1
+        if self.retrying:
+            req.tried.append(index)
+        pod.conns += 1
+        answer = pod.front.arrive(req, req.prompt_tokens, req.output_tokens, self.now)
+        if isinstance(answer, Refuse):
+            pod.conns -= 1
+            self._changed(pod)
+            self._refused(req)
+            return
+        if not req.entered:
+            self._enter(req)
+        if isinstance(answer, Hold):
+            if not req.deferred:
+                req.deferred = True
+                self.deferred += 1
+            req.where = AT_GATE
+            self._push_timer(answer.deadline, _DEFER_DEADLINE, req, index)
+        else:
+            self._apply(pod, [answer])
+        self._changed(pod)
+
+    def _refused(self, req: SimRequest) -> None:
+        """A front refused it: another pod if the routing retries and tries remain, else a
+        429 reaches its client."""
+        if self.retrying:
+            nxt = self.router.next(req.tried)
+            if nxt is not None:
+                self._try(req, nxt)
+                return
+        self.rejected += 1
+        if req.entered:  # it had waited at a gate
+            self._leave(req)
+
+    def _enter(self, req: SimRequest) -> None:
+        """The request is inside (not refused on the spot); its client's patience starts now."""
+        req.entered = True
         self.entered += 1
         self.inside += 1
         self._push_timer(req.arrival + self.timeout, _CLIENT_TIMEOUT, req)
 
-    def _apply(self, answers: list[Forward | Refuse]) -> None:
-        """What the front decided: forward (n_out clamped to what it allows) or refuse."""
+    def _apply(self, pod: SimulatedPod, answers: list[Forward | Refuse]) -> None:
+        """What ``pod``'s front decided: forward (n_out clamped to what it allows) or refuse."""
         for answer in answers:
             req = answer.key
-            assert isinstance(req, _Req)
+            assert isinstance(req, SimRequest)
             if isinstance(answer, Forward):
                 req.output_tokens = min(req.output_tokens, answer.output_tokens)
                 req.forwarded = True
-                self._forward(req)
+                self.admitted += 1
+                if req.prefill_s == _NO_SERVICE:
+                    req.prefill_s = pod.server.prefill.seconds(req.prompt_tokens)
+                pod.forward(req)
             else:
-                self.rejected += 1
-                self._leave(req)
+                pod.conns -= 1
+                self._refused(req)
 
-    def _release_gate(self, req: _Req) -> None:
+    def _release_gate(self, pod: SimulatedPod, req: SimRequest) -> None:
         """The request ended or its client left: return its place in front (once)."""
         if not req.forwarded:
             return
         req.forwarded = False
-        self._apply(self.front.ended(req, self.now))
+        self._apply(pod, pod.front.ended(req, self.now))
 
     # ------------------------------------------------------------------ llama-server
 
-    def _forward(self, req: _Req) -> None:
-        """Into llama-server: a free slot, else its own FIFO queue."""
-        self.admitted += 1
-        if self.free_slots > 0:
-            self.free_slots -= 1
-            self._start_slot(req)
+    def _completion(self, pod: SimulatedPod) -> None:
+        pod.advance(self.now)
+        pod.scheduled = math.nan  # consumed: whatever comes next is pushed anew
+        if pod.prefill_due():
+            self._prefill_done(pod)
         else:
-            req.where = _SERVER_QUEUE
-            self.server_queue.append(req)
+            for req in pod.finish_decodes():
+                self._complete(pod, req)
+        self._changed(pod)
 
-    def _start_slot(self, req: _Req) -> None:
-        req.where = _PREFILL
-        self.prefill_fifo.append(req)
-        if len(self.prefill_fifo) == 1:
-            self.prefill_left = req.prefill_s
-
-    def _free_slot(self) -> None:
-        """A slot is idle: llama-server takes the next live request from its queue."""
-        while self.server_queue:
-            req = self.server_queue.popleft()
-            if not req.abandoned:
-                self._start_slot(req)
-                return
-        self.free_slots += 1
-
-    def _prefill_done(self) -> None:
-        req = self.prefill_fifo.popleft()
-        self.prefill_left = self.prefill_fifo[0].prefill_s if self.prefill_fifo else 0.0
+    def _prefill_done(self, pod: SimulatedPod) -> None:
+        req = pod.finish_prefill()
         if req.abandoned:  # its client left mid-prefill: the compute is spent, nothing is sent
-            req.where = _GONE
-            self._free_slot()
+            req.where = GONE
+            pod.free_slot()
             return
         req.first_token = True
         req.ttft = self.now - req.arrival
         self.ttfts.append(req.ttft)
-        self._apply(self.front.first_token(req, self.now))
+        self._apply(pod, pod.front.first_token(req, self.now))
         if req.output_tokens <= 0:  # the exponential mode: the whole service was the "prefill"
-            self._complete(req)
+            self._complete(pod, req)
             return
-        req.where = _DECODE
-        self.seq += 1
-        heapq.heappush(self.decoders, (self.vtokens + req.output_tokens, self.seq, req))
+        pod.start_decode(req)
 
-    def _decode_done(self) -> None:
-        finish = self.decoders[0][0]
-        self.vtokens = finish
-        while self.decoders and self.decoders[0][0] <= finish + 1e-9:
-            _, _, req = heapq.heappop(self.decoders)
-            self._complete(req)
-
-    def _complete(self, req: _Req) -> None:
+    def _complete(self, pod: SimulatedPod, req: SimRequest) -> None:
         self.completed += 1
         if self.now <= self.window:
             self.completed_in_window += 1
         if req.ttft <= self.slo:
             self.within += 1
-        req.where = _GONE
-        self._free_slot()
-        self._release_gate(req)
+        req.where = GONE
+        pod.free_slot()
+        pod.conns -= 1
+        self._release_gate(pod, req)
         self._leave(req)
 
-    def _leave(self, req: _Req) -> None:
-        req.where = _GONE
+    def _leave(self, req: SimRequest) -> None:
+        req.where = GONE
         self.inside -= 1
         self.sojourn_sum += self.now - req.arrival
         self.sojourn_count += 1
@@ -355,27 +340,34 @@ class _Simulation:
     # ------------------------------------------------------------------ timers
 
     def _timer(self) -> None:
-        _, _, kind, req = heapq.heappop(self.timers)
-        if req.where == _GONE or req.first_token:
+        _, _, kind, req, index = heapq.heappop(self.timers)
+        if req.where == GONE or req.first_token:
             return  # stale: it finished, was rejected, or its first token came
         if kind == _DEFER_DEADLINE:
-            if req.where == _AT_GATE:  # the wait ran out: the front judges it a last time
-                self._apply(self.front.deadline(req, self.now))
+            # The wait at that pod ran out: its front judges it a last time (unless it has
+            # since been refused there and tried elsewhere).
+            if req.where == AT_GATE and req.pod == index:
+                pod = self.pods[index]
+                pod.advance(self.now)
+                self._apply(pod, pod.front.deadline(req, self.now))
+                self._changed(pod)
             return
         self._abandon(req)
 
-    def _abandon(self, req: _Req) -> None:
+    def _abandon(self, req: SimRequest) -> None:
         """The client left before its first token."""
         self.timed_out += 1
         req.abandoned = True
-        if req.where == _AT_GATE:
-            self._apply(self.front.left(req, self.now))
-        elif req.where == _PREFILL and self.prefill_fifo[0] is not req:
-            self.prefill_fifo.remove(req)  # its prefill had not started: dropped, slot freed
-            self._free_slot()
-        # In the server queue it is skipped when a slot frees; mid-prefill it finishes first.
-        self._release_gate(req)
+        pod = self.pods[req.pod]
+        pod.advance(self.now)
+        if req.where == AT_GATE:
+            self._apply(pod, pod.front.left(req, self.now))
+        else:  # in the server queue it is skipped when a slot frees; mid-prefill it finishes first
+            pod.drop_unstarted(req)
+        self._release_gate(pod, req)
+        pod.conns -= 1
         self._leave(req)
+        self._changed(pod)
 
     # ------------------------------------------------------------------ results
 
@@ -404,7 +396,10 @@ class _Simulation:
             mean_time_in_system_s=self.sojourn_sum / self.sojourn_count if self.sojourn_count else None,
             mean_in_system=self.area / duration,
             entered=self.entered,
-            utilization=self.busy / duration,
+            utilization=sum(pod.busy for pod in self.pods) / len(self.pods) / duration,
+            replicas=len(self.pods),
+            routing=str(self.cfg.routing),
+            tries=self.tries,
         )
 
 

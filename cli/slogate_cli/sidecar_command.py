@@ -3,7 +3,9 @@
 Thresholds come from ``--thresholds`` at start and from pushes to the admin port's
 ``PUT /slogate/v1/thresholds``, which must bear the token in ``--admin-token-file``:
 without that flag the admin API refuses every threshold push (401), and the sidecar
-says so once at start.
+says so once at start. SIGTERM or SIGINT drains it: not ready, new requests refused with
+429, admitted streams given --drain-deadline seconds to finish; then it exits (a second
+signal stops it at once).
 """
 
 from __future__ import annotations
@@ -14,7 +16,6 @@ import dataclasses
 import json
 import logging
 import re
-import signal
 import sys
 from pathlib import Path
 from typing import Any
@@ -128,6 +129,14 @@ def add_parser(subparsers: Subcommands) -> None:
         help="seconds after which a live rate is stale and the calibrated one is used again",
     )
     parser.add_argument(
+        "--drain-deadline",
+        type=positive_float,
+        default=_default("drain_deadline_s"),
+        help="seconds admitted streams may run on once a drain begins (SIGTERM; or GET /slogate/v1/drain on the "
+        "admin port, the llama.cpp container's preStop hook, answered then at the latest); after a SIGTERM, "
+        "streams still running then are cut and the sidecar exits",
+    )
+    parser.add_argument(
         "--expose-upstream-admin",
         action="store_true",
         help="pass llama-server's other endpoints through",
@@ -168,6 +177,7 @@ def settings_from(args: argparse.Namespace) -> SidecarSettings:
         client_read_timeout_s=args.client_read_timeout,
         poll_interval_s=args.poll_interval,
         rate_max_age_s=args.rate_max_age,
+        drain_deadline_s=args.drain_deadline,
         expose_upstream_admin=args.expose_upstream_admin,
         access_log=not args.no_access_log,
     )
@@ -186,7 +196,7 @@ def markdown_table(parser: argparse.ArgumentParser) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Serve until SIGTERM or SIGINT."""
+    """Serve until SIGTERM or SIGINT has drained the sidecar (a second one stops it at once)."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     try:
         settings = settings_from(args)
@@ -198,14 +208,9 @@ def run(args: argparse.Namespace) -> int:
         logging.getLogger("slogate.sidecar").warning(NO_TOKEN_WARNING)
 
     async def main() -> None:
-        task = asyncio.current_task()
-        assert task is not None
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, task.cancel)
         try:
-            await serve_forever(settings)
-        except asyncio.CancelledError:
+            await serve_forever(settings)  # it handles SIGTERM and SIGINT: a drain, then it returns
+        except asyncio.CancelledError:  # a second signal
             logging.getLogger("slogate.sidecar").info("stopping")
 
     try:

@@ -8,11 +8,18 @@ docs/benchmarks.md defines it); ``--gate`` picks what stands in front: ``none``
 (llama-server alone), ``slogate``, or ``count-cap`` (a fixed concurrency and queue),
 several with commas. Token lengths are ``chat`` (the default: the benchmark's chat mix,
 prompts lognormal around 100 tokens up to 1,000, max_tokens from 32, 64, 128), ``N`` or
-``LOW-HIGH`` (uniform). ``--service exponential`` replaces each request with Exp(1/μ)
-seconds of work on one slot: the M/M/1 check. Every gate sees the very same arrivals for
-a given ``--seed``. The SLO flags and ``--policy FILE`` (a policy JSON) are those of
-`slogate derive`: a class's ttft in ``--classes`` is its TTFT SLO, ``--slo-ttft`` that of
-every class without one. Every simulated arrival is of the default class (the lowest,
+``LOW-HIGH`` (uniform). ``--service exponential`` replaces each request with Exp(slots/μ)
+seconds of work on one of ``--slots`` parallel slots (default 1: the M/M/1 check; with a
+count cap of C ≤ slots and ``--count-cap-queue 0``, a loss system, reported beside Erlang
+B's blocking). ``--replicas N`` simulates N pods, each its own server and gate, behind a
+balancer: ``--routing`` ``random`` (a Kubernetes Service), ``round-robin``,
+``least-requests``, ``retry-429[:TRIES]`` (random, and a pod's refusal sent on to another
+pod, up to TRIES in all, 3 by default) or ``central`` (one gate over all pods: the bound no
+per-pod gate can beat), several with commas; ``--load`` is then a multiple of the fleet's
+capacity, N·μ. Every gate and routing sees the very same arrivals for a given ``--seed``.
+The SLO flags and ``--policy FILE`` (a policy JSON) are those of `slogate derive`: a
+class's ttft in ``--classes`` is its TTFT SLO, ``--slo-ttft`` that of every class without
+one. Every simulated arrival is of the default class (the lowest,
 unless the policy names one); goodput counts those within its TTFT SLO. If any request
 of the workload needs longer than that SLO for its own prefill on an idle server, a
 warning on stderr says which share: no gate serves those in time.
@@ -33,6 +40,7 @@ from slogate_admission.derivation import derive_thresholds
 from slogate_bench.lengths import Lengths, TokenLengths
 from slogate_bench.preview import CHAT, PreviewRequest, preview, table
 from slogate_bench.scenario import GATES, GateKind
+from slogate_bench.simulated_routing import ROUTINGS, Routing
 from slogate_bench.workloads import CHAT_OUTPUTS, CHAT_PROMPTS, DEFAULT_CLIENT_TIMEOUT_S
 from slogate_cli.arguments import Subcommands, non_negative_int, positive_float, positive_int
 from slogate_cli.derive_command import add_policy_flags, build_policy, read_profile
@@ -83,6 +91,16 @@ def add_parser(subparsers: Subcommands) -> None:
     parser.add_argument(
         "--service", choices=("profile", "exponential"), default="profile", help="service times: measured, or Exp(1/μ)"
     )
+    parser.add_argument(
+        "--slots", type=positive_int, default=1, help="--service exponential: parallel slots per pod (1: M/M/1)"
+    )
+    parser.add_argument("--replicas", type=positive_int, default=1, help="pods behind the balancer")
+    parser.add_argument(
+        "--routing",
+        type=routings,
+        default="random",
+        help="random, round-robin, least-requests, retry-429[:TRIES], central; several with commas",
+    )
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
     parser.set_defaults(run=run)
 
@@ -113,6 +131,19 @@ def gates(text: str) -> list[GateKind]:
         chosen.append(item)
     if not chosen:
         raise argparse.ArgumentTypeError(f"give at least one gate ({', '.join(GATES)})")
+    return chosen
+
+
+def routings(text: str) -> list[Routing]:
+    """``random,retry-429:2`` -> routings."""
+    chosen: list[Routing] = []
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        try:
+            chosen.append(Routing.parse(item))
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(f"routing {item!r}: {exc}") from None
+    if not chosen:
+        raise argparse.ArgumentTypeError(f"give at least one routing ({', '.join(ROUTINGS)})")
     return chosen
 
 
@@ -156,6 +187,9 @@ def run(args: argparse.Namespace) -> int:
             client_timeout_s=args.client_timeout,
             count_cap_concurrency=args.count_cap_concurrency,
             count_cap_queue=args.count_cap_queue,
+            replicas=args.replicas,
+            routings=tuple(args.routing),
+            slots=args.slots,
         )
     )
     for warning in report["warnings"]:

@@ -107,7 +107,8 @@ def calibration_job(request: CalibrationRequest) -> dict[str, Any]:
         names.LABEL_COMPONENT: "calibration",
         names.LABEL_FINGERPRINT: request.container_fingerprint,
     }
-    server = {key: copy.deepcopy(value) for key, value in llama.container.items() if key not in PROBES}
+    # Nor its lifecycle hooks: the drain hook an injection gave it calls a sidecar this pod has not.
+    server = {key: copy.deepcopy(value) for key, value in llama.container.items() if key not in (*PROBES, "lifecycle")}
     server["restartPolicy"] = "Always"
     if not llama.has_metrics():
         # Calibration reads /metrics (is the server idle?); the variable works whatever

@@ -15,6 +15,9 @@ Three promises, each a defect a real cluster showed (docs/operator.md, "Injectio
   writes (terminationMessagePath, probe timeouts, a volume's defaultMode...); a template
   is compared on what the operator owns only, and a value it wrote counts as unchanged
   when the stored one holds it with defaults around it.
+- Rolling restarts lose nothing (``stopping.py``): the llama.cpp container gets the drain
+  hook unless it has a preStop of its own, the pod a grace period of at least Kubernetes'
+  default, recorded like the port so that removal gives back the pod's own.
 
 Patches replace ``/spec/template`` after a ``test`` of the resourceVersion, so a concurrent
 change makes them fail (409/422) instead of losing someone's edit; the caller re-reads.
@@ -29,7 +32,7 @@ from dataclasses import asdict, dataclass, field
 from decimal import Decimal, InvalidOperation
 from typing import Any
 
-from slogate_operator import names
+from slogate_operator import names, stopping
 from slogate_operator.builders import PROBES, RESTRICTED_SECURITY, TMP_MOUNT, TMP_VOLUME, policy_label_value
 
 SIDECAR_RESOURCES = {"requests": {"cpu": "50m", "memory": "64Mi"}, "limits": {"memory": "256Mi"}}
@@ -88,6 +91,12 @@ class InjectionRecord:
     port_name: str | None = None
     probes: tuple[str, ...] = field(default=())
     """The llama.cpp container's probes whose named port was rewritten to the number."""
+    prestop: bool = False
+    """The llama.cpp container got the drain hook (it had no preStop of its own)."""
+    grace_set: int | None = None
+    """terminationGracePeriodSeconds the injection set; None: it kept the pod's own (as long or longer)."""
+    grace_was: int | None = None
+    """The pod's own terminationGracePeriodSeconds before that (None: unset), which removal restores."""
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), sort_keys=True, separators=(",", ":"))
@@ -113,14 +122,19 @@ class InjectionRecord:
                     port=data.get("port"),
                     port_name=data.get("port_name"),
                     probes=tuple(str(p) for p in data.get("probes") or ()),
+                    prestop=bool(data.get("prestop")),
+                    grace_set=stopping.seconds(data.get("grace_set")),
+                    grace_was=stopping.seconds(data.get("grace_was")),
                 )
             except (ValueError, KeyError, TypeError):
                 pass  # a mangled record: fall back to the label, as for an old injection
         return cls(policy=str(policy)) if policy is not None else None
 
 
-def sidecar_container(config: SidecarConfig, port_name: str = names.CLIENT_PORT_NAME) -> dict[str, Any]:
-    """`slogate sidecar` in front of llama-server on loopback (docs/sidecar.md)."""
+def sidecar_container(
+    config: SidecarConfig, port_name: str = names.CLIENT_PORT_NAME, grace: int = stopping.GRACE_SECONDS
+) -> dict[str, Any]:
+    """`slogate sidecar` in front of llama-server on loopback (docs/sidecar.md), in a pod of this grace period."""
     thresholds = f"{names.THRESHOLDS_DIR}/{names.THRESHOLDS_KEY}"
     args = [
         "sidecar",
@@ -138,6 +152,8 @@ def sidecar_container(config: SidecarConfig, port_name: str = names.CLIENT_PORT_
         f"{names.TOKEN_DIR}/{names.TOKEN_KEY}",
         "--prompt-counting",
         config.prompt_counting,
+        "--drain-deadline",
+        str(stopping.drain_deadline(grace)),
         *config.settings_flags,
     ]
     return {
@@ -162,6 +178,7 @@ def sidecar_container(config: SidecarConfig, port_name: str = names.CLIENT_PORT_
             "periodSeconds": 10,
             "failureThreshold": 3,
         },
+        "lifecycle": stopping.sidecar_lifecycle(),
         "volumeMounts": [
             {"name": names.THRESHOLDS_VOLUME, "mountPath": names.THRESHOLDS_DIR, "readOnly": True},
             {"name": names.TOKEN_VOLUME, "mountPath": names.TOKEN_DIR, "readOnly": True},
@@ -229,11 +246,18 @@ def injected_template(template: Mapping[str, Any], config: SidecarConfig) -> dic
     if clash:
         raise TargetClaimedError(f"its pod template has volumes of its own named {clash}: rename them")
     llama, port_name, probes = _hand_over_port(containers, config)
-    containers.append(sidecar_container(config, port_name or names.CLIENT_PORT_NAME))
+    prestop = stopping.hook_the_drain(containers, llama, config.admin_port)
+    own_grace = stopping.seconds(spec.get("terminationGracePeriodSeconds"))
+    grace = stopping.grace_period(own_grace)
+    raised = grace != own_grace
+    if raised:
+        spec["terminationGracePeriodSeconds"] = grace
+    containers.append(sidecar_container(config, port_name or names.CLIENT_PORT_NAME, grace))
     spec["volumes"] = [*spec.get("volumes", []), *sidecar_volumes(config)]
     record = InjectionRecord(
-        policy=mine, llama=llama, port=config.upstream_port if port_name else None, port_name=port_name, probes=probes
-    )
+        policy=mine, llama=llama, port=config.upstream_port if port_name else None, port_name=port_name,
+        probes=probes, prestop=prestop, grace_set=grace if raised else None, grace_was=own_grace if raised else None,
+    )  # fmt: skip
     meta = desired.setdefault("metadata", {})
     meta.setdefault("labels", {})[names.LABEL_POLICY] = mine
     meta.setdefault("annotations", {})[names.ANNOTATION_INJECTION] = record.to_json()
@@ -289,6 +313,9 @@ def removed_template(template: Mapping[str, Any]) -> dict[str, Any]:
     else:
         spec.pop("volumes", None)
     _give_port_back(spec["containers"], record)
+    if record.prestop:
+        stopping.unhook_the_drain(spec["containers"], record.llama)
+    stopping.give_grace_back(spec, record.grace_set, record.grace_was)
     meta = desired.get("metadata") or {}
     for key, owned in (("labels", names.LABEL_POLICY), ("annotations", names.ANNOTATION_INJECTION)):
         found = meta.get(key)
@@ -330,6 +357,8 @@ def owned_state(template: Mapping[str, Any]) -> dict[str, Any]:
         "volumes": [v.get("name") for v in volumes],
         "ports": [[(p.get("containerPort"), p.get("name")) for p in c.get("ports") or ()] for c in containers],
         "probes": [[(probe, (_probe_action(c.get(probe)) or {}).get("port")) for probe in PROBES] for c in containers],
+        "prestops": [(c.get("lifecycle") or {}).get("preStop") for c in containers],
+        "grace": spec.get("terminationGracePeriodSeconds"),
         "sidecar": next((c for c in containers if c.get("name") == names.SIDECAR_CONTAINER), None),
         "our_volumes": {v.get("name"): v for v in volumes if v.get("name") in OUR_VOLUMES},
     }
@@ -374,6 +403,8 @@ def same_owned(stored: Mapping[str, Any], desired: Mapping[str, Any]) -> bool:
         all(have[k] == want[k] for k in exact)
         and covers(have["sidecar"], want["sidecar"])
         and covers(have["our_volumes"], want["our_volumes"])
+        and covers(have["prestops"], want["prestops"])  # the server adds the drain hook's scheme: HTTP
+        and (want["grace"] is None or have["grace"] == want["grace"])  # unset: the server's default (30) is fine
     )
 
 

@@ -1,10 +1,19 @@
-"""The admin API: thresholds in, state out, and /metrics. Served on its own port.
+"""The admin API: thresholds in, state out, /metrics, and the drain. Served on its own port.
 
 PUT needs the bearer token from the token file (re-read on every call, so a rotated
 Kubernetes Secret takes effect without a restart), compared in constant time: both
 sides are hashed to 32 bytes first, so neither where they differ nor their lengths
 show in the time taken. A push is validated whole and swapped in one assignment, or
 refused with the last good thresholds kept.
+
+GET /slogate/v1/drain needs no token: it is the preStop hook of the llama.cpp container,
+and the kubelet's hook sends no credentials (a token in the pod template would be readable
+by anyone who can read the Deployment). It can do one thing only: stop admitting until
+llama-server has restarted (or twice the drain deadline has passed without it stopping:
+``drain.STRAY_HOOK_DEADLINES``), while every admitted stream runs to its end; it reads no
+body and changes nothing else. The admin port is reachable by the operator and Prometheus
+only (the chart's NetworkPolicy), and by the node's kubelet, whose traffic a
+NetworkPolicy always admits.
 """
 
 from __future__ import annotations
@@ -23,6 +32,7 @@ from slogate_admission.schema import Thresholds
 from slogate_admission.ttft_error import TtftErrorModel
 from slogate_admission.validation import validation_problems
 from slogate_sidecar import responses
+from slogate_sidecar.drain import DrainCause
 from slogate_sidecar.state import Sidecar
 
 log = logging.getLogger("slogate.sidecar")
@@ -112,8 +122,9 @@ def state(sidecar: Sidecar) -> dict[str, Any]:
     rates = sidecar.rates
     summary = sidecar.ttft.tracker.summary()
     return {
-        "ready": sidecar.gate.ready and sidecar.upstream_up,
+        "ready": sidecar.gate.ready and sidecar.upstream_up and not sidecar.gate.drain.active,
         "upstreamUp": sidecar.upstream_up,
+        "drain": sidecar.gate.drain.describe(),
         "calibrationId": t.calibration_id if t else None,
         "thresholds": t.model_dump(mode="json", by_alias=True) if t else None,
         "live": {
@@ -155,12 +166,25 @@ async def get_state(sidecar: Sidecar, _request: web.Request) -> web.Response:
     return web.json_response(state(sidecar))
 
 
+async def get_drain(sidecar: Sidecar, _request: web.Request) -> web.Response:
+    """GET /slogate/v1/drain: drain, and answer once no admitted stream remains or at the deadline.
+
+    Always 200 (the kubelet only waits for it); ``drained`` says which of the two it was."""
+    drain = sidecar.gate.drain
+    sidecar.gate.begin_drain(DrainCause.HOOK)
+    drained = await drain.drained()
+    if not drained:
+        log.warning("drain deadline (%g s) passed with %d admitted streams running", drain.deadline_s, drain.streams)
+    return web.json_response({"drained": drained, "streams": drain.streams, **drain.describe()})
+
+
 async def get_metrics(sidecar: Sidecar, _request: web.Request) -> web.Response:
     """GET /metrics: live gauges are read from the ledger at scrape time."""
     now = time.monotonic()
     sidecar.metrics.set_accounting(sidecar.gate.machine.accounting(now))
     sidecar.metrics.set_rates(sidecar.rates, now, sidecar.settings.rate_max_age_s)
     sidecar.metrics.upstream_up.set(1 if sidecar.upstream_up else 0)
+    sidecar.metrics.draining.set(1 if sidecar.gate.drain.active else 0)
     body, content_type = sidecar.metrics.exposition()
     return web.Response(body=body, headers={"Content-Type": content_type})
 

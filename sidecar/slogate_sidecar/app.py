@@ -1,11 +1,13 @@
-"""Assembling and running one sidecar: two ports, one upstream poller.
+"""Assembling and running one sidecar: two ports, one upstream poller, the drain.
 
-Proxy port: the inference API, /v1/models and /health passed through, /healthz
-(alive) and /readyz (thresholds loaded and upstream healthy). Admin port: the admin
-API and /metrics. Both log one access line per request unless ``access_log`` is
-off. The poller reads the upstream's /health and /metrics counters every
-``poll_interval_s``; rates come from counter deltas (llama-server's gauges reset on
-every scrape, so they are never used).
+Proxy port: the inference API, /v1/models and /health passed through, /healthz (alive)
+and /readyz (thresholds loaded, upstream healthy, not draining). Admin port: the admin
+API, the drain (the llama.cpp container's preStop hook) and /metrics. Both log one access
+line per request unless ``access_log`` is off. The poller reads the upstream's /health
+and /metrics counters every ``poll_interval_s``; rates come from counter deltas
+(llama-server's gauges reset on every scrape, so they are never used). ``serve_forever``
+runs a sidecar process: the first SIGTERM or SIGINT starts a final drain (``drain.py``),
+after which it exits.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import signal
 import time
 from collections.abc import AsyncIterator
 from functools import partial
@@ -29,11 +32,13 @@ from slogate_llama.client import LlamaClient
 from slogate_llama.counters import MetricsError
 from slogate_llama.routes import Route
 from slogate_sidecar import admin, openapi, responses
+from slogate_sidecar.drain import Drain, DrainCause
 from slogate_sidecar.gate import Gate
 from slogate_sidecar.learners import MetricsLearner, TtftLearner, UsageLearner
 from slogate_sidecar.metrics import SidecarMetrics
 from slogate_sidecar.proxy import InferenceProxy, passthrough
 from slogate_sidecar.rates import RateEstimator
+from slogate_sidecar.routing_signals import RoutingSignals
 from slogate_sidecar.settings import SidecarSettings
 from slogate_sidecar.state import Sidecar
 
@@ -45,7 +50,11 @@ def build_sidecar(settings: SidecarSettings) -> Sidecar:
     """The shared state, with boot thresholds loaded if the file is valid."""
     rates = RateEstimator()
     metrics = SidecarMetrics()
-    gate = Gate(live_prefill_rate=lambda now: rates.prefill_tokens_per_s(now, settings.rate_max_age_s))
+    gate = Gate(
+        live_prefill_rate=lambda now: rates.prefill_tokens_per_s(now, settings.rate_max_age_s),
+        drain=Drain(settings.drain_deadline_s),
+    )
+    RoutingSignals(gate).register(metrics.registry)  # routing signals, computed when scraped (docs/routing.md)
     ttft, usage, recorded = TtftLearner(), UsageLearner(), MetricsLearner(metrics)
     gate.observers.append(recorded)
     gate.learners.extend((ttft, usage, recorded))
@@ -205,6 +214,7 @@ async def poll_upstream(sidecar: Sidecar) -> None:
         if up != sidecar.upstream_up:
             log.warning("upstream %s is %s", settings.upstream, "up" if up else "DOWN")
         sidecar.upstream_up = up
+        sidecar.gate.drain.observe_upstream(up)
         await asyncio.sleep(settings.poll_interval_s)
 
 
@@ -224,6 +234,8 @@ def proxy_app(sidecar: Sidecar) -> web.Application:
         return web.json_response({"alive": True})
 
     async def readyz(_request: web.Request) -> web.Response:
+        if sidecar.gate.drain.active:
+            return responses.not_ready("draining: admitting nothing until the drain is over")
         if not sidecar.gate.ready:
             return responses.not_ready("no thresholds loaded")
         if not sidecar.upstream_up:
@@ -248,13 +260,16 @@ def admin_app(sidecar: Sidecar) -> web.Application:
     app.router.add_put("/slogate/v1/thresholds", partial(admin.put_thresholds, sidecar))
     app.router.add_get(openapi.OPENAPI_PATH, openapi.get_openapi)
     app.router.add_get("/slogate/v1/state", partial(admin.get_state, sidecar))
+    app.router.add_get("/slogate/v1/drain", partial(admin.get_drain, sidecar))
     app.router.add_get("/metrics", partial(admin.get_metrics, sidecar))
     return app
 
 
 @contextlib.asynccontextmanager
-async def running(sidecar: Sidecar) -> AsyncIterator[tuple[int, int]]:
-    """Serve both ports and poll the upstream; yields the bound (proxy, admin) ports."""
+async def running(sidecar: Sidecar, shutdown_timeout_s: float = 60.0) -> AsyncIterator[tuple[int, int]]:
+    """Serve both ports and poll the upstream; yields the bound (proxy, admin) ports.
+
+    On exit, requests still running get ``shutdown_timeout_s`` to end, then are cancelled."""
     settings = sidecar.settings
     # A fresh connection per upstream request: llama-server closes a connection after a
     # streamed response, so reusing a pooled one at once (a deferred request taking the
@@ -269,6 +284,7 @@ async def running(sidecar: Sidecar) -> AsyncIterator[tuple[int, int]]:
         web.AppRunner(
             app,
             handler_cancellation=True,
+            shutdown_timeout=shutdown_timeout_s,
             access_log=None,
             keepalive_timeout=settings.client_read_timeout_s,
             lingering_time=LINGER_S,
@@ -294,10 +310,31 @@ async def running(sidecar: Sidecar) -> AsyncIterator[tuple[int, int]]:
         await sidecar.session.close()
 
 
+CUT_AFTER_S = 1.0
+"""Once a final drain is over, what is still running (streams past the deadline, a last
+response being written) gets this long before it is cancelled: the sidecar then exits."""
+
+
 async def serve_forever(settings: SidecarSettings) -> None:
-    """Run until cancelled (SIGTERM/SIGINT in the CLI)."""
+    """Serve until a final drain is over: the first SIGTERM or SIGINT starts it, a second stops at once.
+
+    Draining, the sidecar refuses new work (429) and is not ready, lets the admitted streams
+    finish within ``drain_deadline_s``, then exits; its ports stay open until then."""
     sidecar = build_sidecar(settings)
-    async with running(sidecar) as (port, admin_port):
+    main = asyncio.current_task()
+    assert main is not None
+
+    def on_signal() -> None:
+        if sidecar.gate.drain.final:
+            log.warning("second signal: stopping now")
+            main.cancel()
+        else:
+            sidecar.gate.begin_drain(DrainCause.SIGNAL)
+
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, on_signal)
+    async with running(sidecar, shutdown_timeout_s=CUT_AFTER_S) as (port, admin_port):
         log.info(
             "slogate sidecar: proxy on %s:%d, admin on %s:%d, upstream %s",
             settings.host,
@@ -306,4 +343,4 @@ async def serve_forever(settings: SidecarSettings) -> None:
             admin_port,
             settings.upstream,
         )
-        await asyncio.Event().wait()
+        await sidecar.gate.drain.final_drained()

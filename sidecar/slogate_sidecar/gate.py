@@ -4,7 +4,9 @@ Everything runs on one event loop, so the machine needs no locks. A deferred arr
 gets a future; whatever resolves its waiter (a first token, a release, new thresholds:
 the machine's wake-ups) sets it; its deadline is an ``asyncio.timeout``. An admitted
 request gets a Lease, to which the proxy reports its outcomes. Nothing of the gate's
-bookkeeping is here: the simulator drives the same machine in virtual time.
+bookkeeping is here: the simulator drives the same machine in virtual time. While the
+sidecar drains (``drain.Drain``) the gate admits nothing: an arrival, and every waiter
+when the drain begins, gets ``Draining`` at once, before the machine books anything.
 """
 
 from __future__ import annotations
@@ -20,10 +22,11 @@ from slogate_admission.deferral_queue import Waiter
 from slogate_admission.gate_machine import GateMachine, GateNotReady, RateSource, Resolution
 from slogate_admission.ledger import Ledger, Ticket
 from slogate_admission.schema import Thresholds
+from slogate_sidecar.drain import Drain, DrainCause, Draining
 from slogate_sidecar.lease import Learner, Lease, Origin
 from slogate_sidecar.metrics import DeferralResult
 
-__all__ = ["Admission", "Gate", "GateNotReady", "GateObserver"]
+__all__ = ["Admission", "Draining", "Gate", "GateNotReady", "GateObserver"]
 
 Clock = Callable[[], float]
 
@@ -84,6 +87,8 @@ class Gate:
         observers: Sequence[GateObserver] = (),
         learners: Sequence[Learner] = (),
         schedule: Schedule | None = None,
+        *,
+        drain: Drain | None = None,
     ) -> None:
         self.clock = clock
         self.schedule: Schedule = schedule or _on_the_loop(clock)
@@ -92,6 +97,9 @@ class Gate:
         self.observers = list(observers)
         self.learners = list(learners)
         """Hear every lease's outcomes."""
+        # A gate built without one (the unit tests') cuts what runs at once when it drains.
+        self.drain = drain if drain is not None else Drain(deadline_s=0.0)
+        """Whether the sidecar drains; the gate keeps its count of admitted streams."""
         self._pending: dict[Waiter, asyncio.Future[Resolution]] = {}
 
     @property
@@ -138,8 +146,11 @@ class Gate:
         even if the client leaves while deferred. A request whose client leaves while
         deferred is removed from the queue, and a Ticket granted in that same instant is
         released (CancelledError propagates). ``arrived_at``: when the request reached
-        the proxy (TTFT runs from there); default now.
+        the proxy (TTFT runs from there); default now. Raises ``Draining`` while the sidecar
+        drains, at arrival or, for a deferred request, when the drain begins.
         """
+        if self.drain.active:
+            raise Draining
         arrived = self.clock() if arrived_at is None else arrived_at
         started = time.perf_counter()
         verdict = self.machine.arrive(request, self.clock())
@@ -153,6 +164,9 @@ class Gate:
             resolution = await self._wait(verdict.waiter)
         except asyncio.CancelledError:
             self._deferral_ended(first, first, "cancelled")
+            raise
+        except Draining:
+            self._deferral_ended(first, first, "timed_out")  # refused when its wait ended, as a timeout is
             raise
         final = resolution.decision
         self._deferral_ended(first, final, "admitted" if resolution.ticket is not None else "timed_out")
@@ -201,6 +215,14 @@ class Gate:
     def release(self, ticket: Ticket) -> None:
         """The request ended (any way): return its slot and KV."""
         self._settle(self.machine.release(ticket, self.clock()))
+        self.drain.streams_now(self.ledger.streams)
+
+    def begin_drain(self, cause: DrainCause) -> None:
+        """Admit nothing from now on; refuse every deferred request at once (``Draining``)."""
+        self.drain.begin(cause, self.ledger.streams)
+        for waiter, future in list(self._pending.items()):
+            if not future.done() and self.machine.cancel(waiter):
+                future.set_exception(Draining())
 
     def _settle(self, resolutions: list[Resolution]) -> None:
         """Hand each resolved waiter its result; one nobody awaits any more gives its ticket back."""

@@ -25,12 +25,19 @@ from slogate_admission.schema import Thresholds
 from slogate_sidecar.rates import RateEstimator
 
 __all__ = [
+    "DEFERRED_REQUESTS",
     "DEGRADE",
+    "INFLIGHT_STREAMS",
     "DeferralResult",
     "SidecarMetrics",
     "UpstreamErrorKind",
     "metric_outcome",
 ]
+
+DEFERRED_REQUESTS = "slogate_deferred_requests"
+"""Requests in the deferral queue: also the routing signal of requests waiting (routing_signals)."""
+INFLIGHT_STREAMS = "slogate_inflight_streams"
+"""Admitted, unfinished requests: also the routing signal of requests running (routing_signals)."""
 
 DEGRADE = "degrade"
 """The metric outcome of an admission whose max_tokens was clamped to fit the KV cache."""
@@ -96,10 +103,14 @@ class SidecarMetrics:
 
         # Live accounting
         self.queued_prefill_tokens = gauge("slogate_queued_prefill_tokens", "Admitted prompt tokens awaiting prefill.")
-        self.inflight_streams = gauge("slogate_inflight_streams", "Admitted, unfinished requests.")
-        self.deferred_requests = gauge("slogate_deferred_requests", "Requests being deferred.")
+        self.inflight_streams = gauge(INFLIGHT_STREAMS, "Admitted, unfinished requests.")
+        self.deferred_requests = gauge(DEFERRED_REQUESTS, "Requests being deferred.")
         self.kv_reserved_tokens = gauge("slogate_kv_reserved_tokens", "KV cells reserved.")
         self.kv_capacity_tokens = gauge("slogate_kv_capacity_tokens", "KV cells of the server.")
+        self.draining = gauge("slogate_draining", "1 while the sidecar drains (admits nothing; streams finish).")
+        self.drain_refusals = counter(
+            "slogate_drain_refusals", "Requests refused with 429 slogate_draining because the sidecar was draining."
+        )
 
         # TTFT
         self.ttft_predicted = histogram(

@@ -4,7 +4,8 @@ The upstream is always asked to stream, so the first token is seen exactly (the
 prompt leaves the queue then); clients that asked for one JSON answer get it
 reassembled. Whatever happens (completion, upstream error, client disconnect,
 which cancels this handler and so closes the upstream connection, aborting the
-generation) the ticket is released in ``finally``.
+generation) the ticket is released in ``finally``. While the sidecar drains, every
+request is refused with 429 ``slogate_draining`` before anything reaches llama-server.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from slogate_admission.output_tokens import OutputTokenEstimate, estimate_output
 from slogate_llama.routes import Route, as_upstream_stream
 from slogate_llama.stream import Reassembler, carries_token, event, event_data, may_be_final, usage_of
 from slogate_sidecar import responses
+from slogate_sidecar.drain import Draining
 from slogate_sidecar.lease import Lease, Origin, Usage
 from slogate_sidecar.prompt_tokens import count_prompt_tokens, estimate_prompt_tokens
 from slogate_sidecar.requests import BadRequest, ParsedRequest, parse_request, with_output_limit
@@ -137,13 +139,14 @@ class InferenceProxy:
         """Decide on one arrival, then serve or refuse it."""
         arrived = self.sc.gate.clock()  # the clock the gate decides with
         sc = self.sc
-        if not sc.gate.ready:
-            return responses.not_ready("no thresholds loaded: the gate cannot decide")
-        if not sc.upstream_up:
-            return responses.not_ready("upstream llama-server is unavailable")
+        refused = self._refused_at_once()
+        if refused is not None:
+            return refused
         parsed = await self._read(request, Route(request.path))
         if isinstance(parsed, web.Response):
             return parsed
+        if sc.gate.drain.active:  # it began while the body arrived: no /tokenize call either
+            return self._draining()
         class_name = self.classify(request)
         n_out = self._output_tokens(parsed)
         tokens_per_char = (sc.gate.thresholds and sc.gate.thresholds.tokens_per_char) or FALLBACK_TOKENS_PER_CHAR
@@ -152,6 +155,19 @@ class InferenceProxy:
         if isinstance(n_in, web.Response):
             return n_in
         return await self._decide_and_serve(request, parsed, Request(n_in, n_out, class_name), arrived, estimated_n_in)
+
+    def _refused_at_once(self) -> web.Response | None:
+        """The answer to give before reading the request: draining (429), or unable to decide (503)."""
+        sc = self.sc
+        # Draining first: a draining sidecar's llama-server may be down (restarting), and a
+        # 429 says "another replica", where a 503 would be a failure.
+        if sc.gate.drain.active:
+            return self._draining()
+        if not sc.gate.ready:
+            return responses.not_ready("no thresholds loaded: the gate cannot decide")
+        if not sc.upstream_up:
+            return responses.not_ready("upstream llama-server is unavailable")
+        return None
 
     async def _prompt_tokens(self, parsed: ParsedRequest, empty: Request, estimated: int) -> int | web.Response:
         """n_in: the estimate, or llama-server's exact count; or the answer that ends the request."""
@@ -187,7 +203,10 @@ class InferenceProxy:
         estimated_n_in: int,
     ) -> web.StreamResponse:
         origin = Origin(parsed.route, estimated_n_in, req.prompt_tokens, parsed.prompt_token_count is not None)
-        admission = await self.sc.gate.acquire(req, origin, arrived)
+        try:
+            admission = await self.sc.gate.acquire(req, origin, arrived)
+        except Draining:
+            return self._draining()
         if admission.lease is None:
             return responses.rejection(admission.final)
         exchange = Exchange(parsed.route, parsed, admission.lease)
@@ -260,6 +279,11 @@ class InferenceProxy:
             except (ConnectionResetError, aiohttp.ClientConnectionResetError):
                 pass
             return response
+
+    def _draining(self) -> web.Response:
+        self.sc.gate.drain.refuse()
+        self.sc.metrics.drain_refusals.inc()
+        return responses.draining()
 
     def _timeout(self) -> aiohttp.ClientTimeout:
         """Per upstream call: connect, then any silence longer than the read timeout, fails."""

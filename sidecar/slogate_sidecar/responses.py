@@ -1,4 +1,4 @@
-"""Every answer the sidecar makes itself: OpenAI-style errors, rejections, health."""
+"""Every answer the sidecar makes itself: OpenAI-style errors, rejections, drain refusals, health."""
 
 from __future__ import annotations
 
@@ -95,3 +95,25 @@ def rejection(decision: Decision) -> web.Response:
 def not_ready(reason: str) -> web.Response:
     """503: the gate cannot decide (no thresholds) or the upstream is down."""
     return error(503, reason, kind="server_error", code="slogate_unavailable", headers={"Retry-After": "1"})
+
+
+DRAINING_RETRY_AFTER_S = 1
+"""Retry-After of a draining sidecar's 429: another replica can serve the request now."""
+
+
+def draining() -> web.Response:
+    """429 while the sidecar drains: nothing reached llama-server, so any replica may take it.
+
+    The connection is closed after it: a balancer keeps no idle connection to a sidecar
+    that is about to stop listening."""
+    response = error(
+        429,
+        "the slogate sidecar is draining (its pod is stopping or llama-server restarting); "
+        "nothing was sent to llama-server: retry on another replica",
+        kind="rate_limit_error",
+        code="slogate_draining",
+        headers={"Retry-After": str(DRAINING_RETRY_AFTER_S)},
+        extra={"slogate": {"outcome": "draining", "retryAfterSeconds": DRAINING_RETRY_AFTER_S}},
+    )
+    response.force_close()
+    return response

@@ -58,6 +58,11 @@ class SidecarSettings:
     """A live rate older than this is stale: the calibrated rate is used instead."""
     expose_upstream_admin: bool = False
     """Pass llama-server's other endpoints (/slots, /props, ...) through; off by default."""
+    drain_deadline_s: float = 25.0
+    """How long admitted streams may run on once a drain begins (SIGTERM, or the preStop hook's
+    GET /slogate/v1/drain); after a SIGTERM, those still running then are cut. Below
+    Kubernetes' default 30 s grace period: in a pod the operator passes the pod's grace period
+    less 5 s (docs/sidecar.md, "Draining")."""
     access_log: bool = True
     """One info line per request on logger ``slogate.sidecar.access``: method, path, status,
     class, outcome, duration. Off: no per-request work at all (the middleware is absent)."""

@@ -5,6 +5,7 @@ import math
 import pytest
 
 from slogate_admission.queueing import (
+    erlang_b,
     little_l_max,
     littles_law_number_in_system,
     mm1_number_in_system,
@@ -88,8 +89,26 @@ def test_cv2() -> None:
         (mm1_number_in_system, (-0.1,)),
         (pollaczek_khinchine_wait, (1, 0, 1)),
         (littles_law_number_in_system, (math.nan, 1)),
+        (erlang_b, (-1, 1.0)),
+        (erlang_b, (2, -1.0)),
     ],
 )
 def test_nonsense_is_refused(call, args) -> None:  # type: ignore[no-untyped-def]
     with pytest.raises(ValueError, match="must be"):
         call(*args)
+
+
+def test_erlang_b_against_its_closed_form_and_tables() -> None:
+    # One server: a / (1 + a). Two: a² / 2 / (1 + a + a² / 2).
+    for a in (0.1, 1.0, 7.5):
+        assert erlang_b(1, a) == pytest.approx(a / (1 + a))
+        assert erlang_b(2, a) == pytest.approx(a * a / 2 / (1 + a + a * a / 2))
+    # Published table values (e.g. any Erlang B table): B(10, 5) = 0.01838, B(4, 3) = 0.2061.
+    assert erlang_b(10, 5.0) == pytest.approx(0.018385, abs=5e-6)
+    assert erlang_b(4, 3.0) == pytest.approx(0.20611, abs=5e-5)
+    assert erlang_b(0, 2.0) == 1.0
+    assert erlang_b(5, 0.0) == 0.0
+    # Pooling: one loss system of N·C servers blocks less than N of C at a/N each.
+    assert erlang_b(40, 30.0) < erlang_b(4, 3.0)
+    # A thousand servers: the recursion stays finite and in [0, 1].
+    assert 0.0 < erlang_b(1000, 1000.0) < 0.05

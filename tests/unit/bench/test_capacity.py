@@ -44,6 +44,7 @@ def test_a_mixs_mu_is_what_the_server_completes_when_never_idle(name: str) -> No
     assert result.throughput_rps == pytest.approx(config.capacity_rps, rel=0.03)
 
 
-def test_the_exponential_service_mode_is_one_over_its_mean() -> None:
+def test_the_exponential_service_mode_is_its_slots_over_its_mean() -> None:
     workload = Workload(service="exponential", exponential_mean_s=0.25)
-    assert capacity_rps(SERVER, workload, 4) == 4.0
+    assert capacity_rps(dataclasses.replace(SERVER, slots=1), workload, 4) == 4.0
+    assert capacity_rps(dataclasses.replace(SERVER, slots=3), workload, 4) == 12.0

@@ -4,7 +4,6 @@ asserts a duration."""
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 from datetime import UTC, datetime
 from pathlib import Path
@@ -35,7 +34,7 @@ from slogate_bench.reject_floor_report import (
 )
 from slogate_bench.suite import SLO_S
 
-needs_nginx = pytest.mark.skipif(shutil.which("nginx") is None, reason="Debian's nginx is not installed")
+needs_nginx = pytest.mark.usefixtures("nginx_binary")  # fails, never skips, without nginx
 
 
 # --------------------------------------------------------------------------- nginx

@@ -40,6 +40,7 @@ FLAGS: list[tuple[list[str], str, Any]] = [
     (["--rate-max-age", "120"], "rate_max_age_s", 120.0),
     (["--expose-upstream-admin"], "expose_upstream_admin", True),
     (["--no-access-log"], "access_log", False),
+    (["--drain-deadline", "10"], "drain_deadline_s", 10.0),
 ]
 DEFAULTS = SidecarSettings(upstream="http://127.0.0.1:8080")
 

@@ -52,12 +52,18 @@ class LiveSidecar:
     loop: asyncio.AbstractEventLoop
     books: Any
     """A callable returning the ledger's counters, run on the sidecar's loop."""
+    undrain: Any
+    """A callable ending a drain the drain route began, run on the sidecar's loop."""
 
     def base_url(self, path: str) -> str:
         return self.admin_url if path.startswith(ADMIN_PATHS) else self.url
 
     def counters(self) -> dict[str, int]:
         return asyncio.run_coroutine_threadsafe(self.books(), self.loop).result(timeout=10)
+
+    def resume(self) -> None:
+        """Admitting again, as after llama-server's restart (the drain route's case drains it)."""
+        asyncio.run_coroutine_threadsafe(self.undrain(), self.loop).result(timeout=10)
 
 
 def upstream_app(fake: FakeUpstream) -> web.Application:
@@ -101,7 +107,11 @@ def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveSidecar]:
                     "deferred": running.sidecar.gate.deferred,
                 }
 
-            started.append(LiveSidecar(running.url, running.admin_url, thresholds, asyncio.get_running_loop(), books))
+            async def undrain() -> None:
+                running.sidecar.gate.drain.resume("the next case")
+
+            loop = asyncio.get_running_loop()
+            started.append(LiveSidecar(running.url, running.admin_url, thresholds, loop, books, undrain))
             ready.set()
             await stop[0].wait()
 
@@ -169,6 +179,8 @@ def test_every_operation_conforms(case: schemathesis.Case, live: LiveSidecar) ->
     finally:
         if case.path == "/slogate/v1/thresholds" and response.status_code == 200:
             restore(live)
+        if case.path == "/slogate/v1/drain":
+            live.resume()
     assert live.counters() == {"queued": 0, "streams": 0, "kv": 0, "deferred": 0}
 
 

@@ -1,0 +1,226 @@
+"""A refusal from slogate is safe to send to another pod: nothing of it reached llama-server.
+
+Every kind of 429 the sidecar answers (TTFT, full slots, full KV, a full deferral queue, a
+deferral that ran out, the zero-token pre-check before counting, a refusal after counting,
+draining)
+and every 503 it answers itself (no thresholds, upstream down, upstream gone since the last
+poll) is checked to carry Retry-After and to have started no generation upstream: the fake
+llama-server counts every call it gets by path. The contrast: once llama-server has seen a
+generation, its failures reach the client as 502 (or, mid-stream, as an error event after a
+200), never as 429 or 503, so a balancer retrying 429 and 503 never runs a generation twice.
+docs/routing.md, "A refusal is safe to retry".
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from canned_profiles import smollm2_profile
+from held_upstream import HeldUpstream, held_upstream
+from ports import free_ports
+from sidecar_harness import RunningSidecar, sidecar_in_front_of, thresholds_for
+from slogate_admission.decision import Outcome, Request
+from slogate_admission.schema import Thresholds
+
+QUIET = {"poll_interval_s": 3600.0, "upstream_read_timeout_s": 10.0}
+"""One upstream poll at start, then none: every later upstream call is the request's. (A
+request admitted by mistake would wait for a held generation: it fails in 10 s, not 60.)"""
+
+
+@dataclass(frozen=True)
+class Answer:
+    status: int
+    retry_after: str | None
+    body: dict[str, Any]
+
+    @property
+    def reasons(self) -> set[str]:
+        return set(self.body.get("slogate", {}).get("reasons", []))
+
+
+def policy(slo: float = 2.0, cap: int = 4, max_wait: float | None = None, l_max: int | None = None) -> Thresholds:
+    """One class; ``l_max`` overrides the derived one (how many may wait beyond the cap)."""
+    derived = thresholds_for(
+        smollm2_profile(), slo={"ttftSeconds": slo}, concurrency={"max": cap}, deferral={"maxWaitSeconds": max_wait}
+    )
+    if l_max is None:
+        return derived
+    classes = tuple(c.model_copy(update={"l_max": l_max}) for c in derived.classes)
+    return derived.model_copy(update={"classes": classes, "l_max": l_max})
+
+
+async def ask(gate: RunningSidecar, body: dict[str, Any], path: str = "/completion") -> Answer:
+    """One request answered with a JSON body (a refusal, here)."""
+    async with gate.session.post(gate.url + path, json=body) as response:
+        text = await response.text()
+        return Answer(response.status, response.headers.get("Retry-After"), json.loads(text) if text else {})
+
+
+async def hold(gate: RunningSidecar, fake: HeldUpstream, prompt_tokens: int, n_predict: int = 4) -> asyncio.Task[int]:
+    """A streamed generation admitted and held upstream before its first token."""
+    started = fake.started
+
+    async def generate() -> int:
+        body = {"prompt": [1] * prompt_tokens, "n_predict": n_predict, "stream": True}
+        async with gate.session.post(gate.url + "/completion", json=body) as response:
+            await response.read()
+            return response.status
+
+    task = asyncio.create_task(generate())
+    await until(lambda: fake.started > started or task.done())
+    assert fake.started == started + 1, "the request to hold was not admitted"
+    return task
+
+
+async def until(condition: Callable[[], bool]) -> None:
+    """Wait (bounded, 10 s) for an asynchronous consequence; the caller asserts it."""
+    for _ in range(200):
+        if condition():
+            return
+        await asyncio.sleep(0.05)
+
+
+def safe_to_retry(answer: Answer, status: int, fake: HeldUpstream | None, generations_before: int) -> None:
+    """A refusal a balancer may send elsewhere: its status, a Retry-After, and no generation upstream."""
+    assert answer.status == status, answer
+    assert answer.retry_after is not None, answer
+    assert answer.retry_after.isdigit(), answer.retry_after
+    assert int(answer.retry_after) >= 1
+    if fake is not None:
+        assert fake.generations == generations_before, fake.calls
+
+
+TOKENS = {"prompt": [1] * 50, "n_predict": 4}
+"""A prompt of counted tokens: no /tokenize call is needed to know its size."""
+
+
+async def test_a_ttft_refusal_and_a_refusal_after_counting_start_no_generation(tmp_path: Path) -> None:
+    async with held_upstream() as fake, sidecar_in_front_of(fake.url, tmp_path, policy(slo=2.0), **QUIET) as gate:
+        held = [await hold(gate, fake, 250) for _ in range(2)]  # 1.5 s of prefill queued, SLO 2 s
+        before = fake.generations
+
+        ttft = await ask(gate, {"prompt": [1] * 250, "n_predict": 4})
+        safe_to_retry(ttft, 429, fake, before)
+        assert ttft.reasons == {"ttft"}
+
+        # Text is counted by llama-server's /tokenize once an empty prompt would pass: that call
+        # generates nothing and holds no slot; the refusal that follows starts no generation.
+        assert gate.sidecar.gate.decide(Request(0, 4)).outcome is Outcome.ADMIT
+        tokenized = fake.calls["/tokenize"]
+        counted = await ask(gate, {"prompt": "x" * 800, "n_predict": 4})  # the fake counts 200 tokens
+        safe_to_retry(counted, 429, fake, before)
+        assert counted.reasons == {"ttft"}
+        assert fake.calls["/tokenize"] == tokenized + 1
+
+        fake.release()
+        assert await asyncio.gather(*held) == [200, 200]
+
+
+async def test_full_slots_are_refused_before_counting_the_prompt(tmp_path: Path) -> None:
+    async with (
+        held_upstream() as fake,
+        sidecar_in_front_of(fake.url, tmp_path, policy(cap=1, max_wait=0.0), **QUIET) as gate,
+    ):
+        held = await hold(gate, fake, 20)
+        before, tokenized = fake.generations, fake.calls["/tokenize"]
+        for body in (TOKENS, {"prompt": "a text prompt, counted only if an empty one would pass", "n_predict": 4}):
+            answer = await ask(gate, body)
+            safe_to_retry(answer, 429, fake, before)
+            assert answer.reasons == {"concurrency"}
+        assert fake.calls["/tokenize"] == tokenized  # the zero-token pre-check refused it first
+        fake.release()
+        assert await held == 200
+
+
+async def test_a_full_kv_cache_is_refused(tmp_path: Path) -> None:
+    # Half the calibrated cache, so that KV binds before the four slots do.
+    thresholds = policy(max_wait=0.0).model_copy(update={"kv_capacity_tokens": 4096})
+    async with held_upstream() as fake, sidecar_in_front_of(fake.url, tmp_path, thresholds, **QUIET) as gate:
+        held = [await hold(gate, fake, 10, n_predict=1500) for _ in range(2)]  # 3,020 of 4,096 cells
+        before = fake.generations
+        answer = await ask(gate, {"prompt": [1] * 10, "n_predict": 1500})
+        safe_to_retry(answer, 429, fake, before)
+        assert answer.reasons == {"kv"}
+        fake.release()
+        assert await asyncio.gather(*held) == [200] * 2
+
+
+async def test_a_full_deferral_queue_is_refused(tmp_path: Path) -> None:
+    thresholds = policy(cap=1, max_wait=30.0, l_max=1)  # no place to wait beyond the one slot
+    async with held_upstream() as fake, sidecar_in_front_of(fake.url, tmp_path, thresholds, **QUIET) as gate:
+        held = await hold(gate, fake, 20)
+        before = fake.generations
+        answer = await ask(gate, TOKENS)
+        safe_to_retry(answer, 429, fake, before)
+        assert answer.reasons == {"concurrency", "queue_full"}
+        fake.release()
+        assert await held == 200
+
+
+async def test_a_deferral_that_runs_out_is_refused(tmp_path: Path) -> None:
+    thresholds = policy(cap=1, max_wait=0.3, l_max=3)
+    async with held_upstream() as fake, sidecar_in_front_of(fake.url, tmp_path, thresholds, **QUIET) as gate:
+        held = await hold(gate, fake, 20)
+        before = fake.generations
+        waiting = asyncio.create_task(ask(gate, TOKENS))
+        await until(lambda: gate.sidecar.gate.deferred == 1)
+        assert gate.sidecar.gate.deferred == 1  # it waited for the slot ...
+        answer = await waiting  # ... which stayed busy past its deadline
+        safe_to_retry(answer, 429, fake, before)
+        assert answer.reasons == {"concurrency"}
+        fake.release()
+        assert await held == 200
+
+
+async def test_a_draining_sidecar_refuses_with_429(tmp_path: Path) -> None:
+    async with held_upstream() as fake, sidecar_in_front_of(fake.url, tmp_path, policy(), **QUIET) as gate:
+        # The llama.cpp container's preStop hook; with nothing admitted it answers at once.
+        async with gate.session.get(gate.admin_url + "/slogate/v1/drain") as response:
+            assert response.status == 200
+        for body in (TOKENS, {"prompt": "some text", "n_predict": 4}):
+            answer = await ask(gate, body)
+            safe_to_retry(answer, 429, fake, 0)
+            assert answer.body["error"]["code"] == "slogate_draining"
+        assert fake.calls["/tokenize"] == 0
+
+
+async def test_without_thresholds_the_sidecar_answers_503_itself(tmp_path: Path) -> None:
+    async with held_upstream() as fake, sidecar_in_front_of(fake.url, tmp_path, None, **QUIET) as gate:
+        for body in (TOKENS, {"prompt": "some text", "n_predict": 4}):
+            safe_to_retry(await ask(gate, body), 503, fake, 0)
+        assert fake.calls["/tokenize"] == 0
+
+
+async def test_with_the_upstream_down_the_sidecar_answers_503_itself(tmp_path: Path) -> None:
+    async with held_upstream() as fake, sidecar_in_front_of(fake.url, tmp_path, policy(), poll_interval_s=0.1) as gate:
+        fake.healthy = False
+        await until(lambda: not gate.sidecar.upstream_up)
+        assert not gate.sidecar.upstream_up
+        for body in (TOKENS, {"prompt": "some text", "n_predict": 4}):
+            safe_to_retry(await ask(gate, body), 503, fake, 0)
+        assert fake.calls["/tokenize"] == 0
+
+
+async def test_an_upstream_gone_since_the_last_poll_gets_503(tmp_path: Path) -> None:
+    (nothing_there,) = free_ports()
+    async with sidecar_in_front_of(f"http://127.0.0.1:{nothing_there}", tmp_path, policy(), **QUIET) as gate:
+        gate.sidecar.upstream_up = True  # the last poll found it; it has died since
+        safe_to_retry(await ask(gate, TOKENS), 503, None, 0)
+        assert not gate.sidecar.upstream_up  # the refused connection marked it down
+
+
+async def test_once_a_generation_reached_llama_server_no_failure_is_429_or_503(tmp_path: Path) -> None:
+    async with held_upstream() as fake, sidecar_in_front_of(fake.url, tmp_path, policy(), **QUIET) as gate:
+        for status, relayed in ((503, 502), (500, 502), (400, 400)):
+            fake.answer_status = status
+            before = fake.generations
+            answer = await ask(gate, TOKENS)
+            assert answer.status == relayed, (status, answer)
+            assert answer.retry_after is None
+            assert fake.generations == before + 1  # this one did reach llama-server
+        assert await gate.wait_idle()
