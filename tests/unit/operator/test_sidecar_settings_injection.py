@@ -13,10 +13,9 @@ from typing import Any
 import jsonschema
 import pytest
 
+from injected_sidecar import sidecar_settings
 from manifests import admission_policy, llama_deployment
 from project_files import SCHEMA
-from slogate_cli import sidecar_command
-from slogate_cli.arguments import OneLineParser
 from slogate_operator import names
 from slogate_operator.injection import SidecarConfig, injected_template, sidecar_container, template_patch
 from slogate_operator.spec import SidecarSpec, SpecError, parse_spec
@@ -49,17 +48,6 @@ def config_for(sidecar: SidecarSpec) -> SidecarConfig:
         upstream_port=8080, prompt_counting=sidecar.prompt_counting, token_secret="slogate-admin-token",
         settings_flags=sidecar.settings_flags(),
     )  # fmt: skip
-
-
-def sidecar_settings(container: dict[str, Any], tmp_path: Path) -> SidecarSettings:
-    """The settings `slogate sidecar` runs with, given the container's args (the token file,
-    which the kubelet mounts, stands in at a path of this test's)."""
-    token = tmp_path / "token"
-    token.write_text("t")
-    args = [str(token) if arg == f"{names.TOKEN_DIR}/{names.TOKEN_KEY}" else arg for arg in container["args"]]
-    parser = OneLineParser(prog="slogate")
-    sidecar_command.add_parser(parser.add_subparsers(dest="command", parser_class=OneLineParser))
-    return sidecar_command.settings_from(parser.parse_args(args))
 
 
 # ------------------------------------------------------------------------------ CRD and models

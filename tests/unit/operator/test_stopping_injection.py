@@ -18,13 +18,12 @@ from kopf.testing import KopfRunner
 
 from canned_profiles import smollm2_profile
 from emulated_cluster import DEPLOYMENTS, POLICIES, ApiError, Cluster
+from injected_sidecar import sidecar_settings
 from kube_rules import kubelet_problems, pod_spec_errors
 from manifests import admission_policy, llama_deployment
 from polling import eventually
 from slogate_calibration.output import compact_json
-from slogate_cli import sidecar_command
-from slogate_cli.arguments import OneLineParser
-from slogate_operator import builders, names, stopping
+from slogate_operator import builders, stopping
 from slogate_operator.fingerprint import container_fingerprint, llama_container
 from slogate_operator.injection import SidecarConfig, injected_template, removed_template, template_patch
 from slogate_sidecar.settings import SidecarSettings
@@ -69,16 +68,6 @@ def pod_of(dep: dict[str, Any] | None) -> dict[str, Any]:
 def drain_deadline(container: dict[str, Any]) -> str:
     args = container["args"]
     return str(args[args.index("--drain-deadline") + 1])
-
-
-def sidecar_settings(container: dict[str, Any], tmp_path: Path) -> SidecarSettings:
-    """The settings the real `slogate sidecar` parser gives the injected container's args."""
-    token = tmp_path / "token"
-    token.write_text("t")
-    args = [str(token) if arg == f"{names.TOKEN_DIR}/{names.TOKEN_KEY}" else arg for arg in container["args"]]
-    parser = OneLineParser(prog="slogate")
-    sidecar_command.add_parser(parser.add_subparsers(dest="command", parser_class=OneLineParser))
-    return sidecar_command.settings_from(parser.parse_args(args))
 
 
 # ------------------------------------------------------------------------------ what is injected
