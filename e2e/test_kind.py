@@ -2,10 +2,10 @@
 serving through its Service, the chart installed, a policy applied to it (the Service keeps
 answering, ungated, while the first calibration runs), calibration and Ready (the gate takes
 over the name the Service targets), overload shed with 429 + Retry-After and counted in the
-metrics, a rollout with a new thread count recalibrated into every sidecar, the policy
-deleted, the sidecar gone and the Service answering through llama-server again. Each step
-depends on the previous ones (conftest skips the rest after a failure and dumps the
-cluster's state).
+metrics, a rollout with a new thread count recalibrated into every sidecar, an autoscaler
+made, judged and removed (autoscaling_steps.py), the policy deleted, the sidecar gone and
+the Service answering through llama-server again. Each step depends on the previous ones
+(conftest skips the rest after a failure and dumps the cluster's state).
 
 Requests "through the Service" go from a pod of the app namespace to the Service's DNS
 name: kube-proxy, the EndpointSlices its named targetPort resolved to and the
@@ -20,6 +20,7 @@ import random
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+from autoscaling_steps import check_autoscaling
 from cluster_tools import (
     Kube,
     Reply,
@@ -447,6 +448,9 @@ class TestSlogateOnKind:
             assert state["thresholds"]["calibrationId"] == new != old
         job = policy["status"]["calibration"]["job"]
         assert kube.maybe_json("-n", APP_NAMESPACE, "get", "job", job) is not None, f"calibration Job {job} is gone"
+
+    def test_autoscaling_owns_its_autoscaler_and_never_the_replicas(self, kube: Kube, deployed: Example) -> None:
+        check_autoscaling(kube, deployed)  # autoscaling_steps.py says what and why
 
     def test_deleting_the_policy_gives_the_service_back_to_llama_server(self, kube: Kube, deployed: Example) -> None:
         example = deployed

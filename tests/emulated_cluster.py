@@ -32,6 +32,8 @@ PODS = "/api/v1/namespaces/{ns}/pods"
 CONFIGMAPS = "/api/v1/namespaces/{ns}/configmaps"
 SECRETS = "/api/v1/namespaces/{ns}/secrets"
 EVENTS = "/api/v1/namespaces/{ns}/events"
+SCALED_OBJECTS = "/apis/keda.sh/v1alpha1/namespaces/{ns}/scaledobjects"
+HPAS = "/apis/autoscaling/v2/namespaces/{ns}/horizontalpodautoscalers"
 NS = "llm"
 OPERATOR_AGENT = "slogate-operator/"
 """The User-Agent prefix of the operator's own API client (kopf's is "kopf/")."""
@@ -92,6 +94,23 @@ class Cluster:
         server = kmock.Server(emulator.handler)
         await server.__aenter__()
         return emulator, server
+
+    def install_keda(self, schema: dict[str, Any] | None = None) -> None:
+        """Serve KEDA's ScaledObject, as its CRD does once installed (``schema``: its
+        openAPIV3Schema, for defaulting and pruning; None: stored as sent). Until then every
+        request on keda.sh is 404, as on a cluster without KEDA."""
+
+        async def declare() -> None:
+            self.emulator.declare_custom(
+                "keda.sh/v1alpha1/scaledobjects",
+                kmock.ResourceInfo(
+                    kind="ScaledObject", singular="scaledobject", namespaced=True, shortnames={"so"},
+                    subresources={"status"}, verbs={"get", "list", "watch", "create", "patch", "delete", "update"},
+                ),
+                schema,
+            )  # fmt: skip
+
+        self.loop.run(declare())
 
     def close(self) -> None:
         """Stop the server; then fail if a kubelet could not have run what was stored."""

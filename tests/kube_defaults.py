@@ -41,6 +41,7 @@ BUILTIN_KINDS = {
     ("batch", "jobs"): "io.k8s.api.batch.v1.Job",
     ("", "pods"): "io.k8s.api.core.v1.Pod",
     ("", "secrets"): "io.k8s.api.core.v1.Secret",
+    ("autoscaling", "horizontalpodautoscalers"): "io.k8s.api.autoscaling.v2.HorizontalPodAutoscaler",
 }
 """(group, plural) of the built-in kinds defaulted, and their OpenAPI definitions."""
 
@@ -132,9 +133,34 @@ def _job_hook(job: dict[str, Any]) -> None:
         meta["labels"] = dict(labels)
 
 
+HPA_SCALE_UP = {"stabilizationWindowSeconds": 0, "selectPolicy": "Max",
+                "policies": [{"type": "Pods", "value": 4, "periodSeconds": 15},
+                             {"type": "Percent", "value": 100, "periodSeconds": 15}]}  # fmt: skip
+HPA_SCALE_DOWN = {"selectPolicy": "Max", "policies": [{"type": "Percent", "value": 100, "periodSeconds": 15}]}
+
+
+def _hpa_hook(hpa: dict[str, Any]) -> None:
+    """SetDefaults_HorizontalPodAutoscaler (autoscaling/v2): minReplicas 1, CPU at 80% without
+    metrics, and a behavior given has every unset field of both directions filled
+    (GenerateHPAScaleUpRules / GenerateHPAScaleDownRules; scaleDown's window stays unset)."""
+    spec = hpa.get("spec")
+    if not isinstance(spec, dict):
+        return
+    spec.setdefault("minReplicas", 1)
+    if not spec.get("metrics"):
+        target = {"type": "Utilization", "averageUtilization": 80}
+        spec["metrics"] = [{"type": "Resource", "resource": {"name": "cpu", "target": target}}]
+    behavior = spec.get("behavior")
+    if isinstance(behavior, dict):
+        for direction, rules in (("scaleUp", HPA_SCALE_UP), ("scaleDown", HPA_SCALE_DOWN)):
+            given = behavior.get(direction) or {}
+            behavior[direction] = copy.deepcopy(rules) | {k: v for k, v in given.items() if v is not None}
+
+
 GO_HOOKS: dict[str, Callable[[dict[str, Any]], None]] = {
     "io.k8s.api.core.v1.Pod": _pod_hook,
     "io.k8s.api.batch.v1.Job": _job_hook,
+    "io.k8s.api.autoscaling.v2.HorizontalPodAutoscaler": _hpa_hook,
 }
 
 

@@ -11,8 +11,9 @@ defaulted write could not be what the store and the watches see.
 request of the operator's agents (RBAC), defaults objects on every write, separates spec
 from status for kinds with a status subresource, filters lists and watches by label and
 field selectors, validates pod specs (422), keeps uid/resourceVersion/generation, answers a
-no-op patch without a new resourceVersion or a watch event, and prunes unknown fields of
-custom resources. The objects live in tests/kube_store.py. What it cannot be, it records:
+no-op patch without a new resourceVersion or a watch event, prunes unknown fields of
+custom resources, and answers 404 to every verb on an API it does not serve (a custom
+resource whose CRD is not installed, KEDA's ScaledObject until ``declare_custom``). The objects live in tests/kube_store.py. What it cannot be, it records:
 the probes a kubelet could never pass (``kubelet_problems``) and the refusals it answered
 (``forbidden``). The request log is kmock's: iterate ``handler``.
 
@@ -129,6 +130,9 @@ class ClusterEmulator:
             return error.response()
 
     def answer(self, request: kmock.Request) -> dict[str, Any] | AsyncIterator[Any]:
+        if request.resource not in self.handler.resources:
+            # An API the cluster does not serve (a CRD not installed, e.g. KEDA's): every verb is 404.
+            raise StatusError(404, "NotFound", "the server could not find the requested resource")
         writes = {kmock.action.CREATE: self.create, kmock.action.UPDATE: self.patch, kmock.action.DELETE: self.delete}
         if request.action in writes:
             return writes[request.action](request)

@@ -1,14 +1,15 @@
 """The controllers Kubernetes would run, played by the tests against an emulated cluster:
 the Job controller and the scheduler/kubelet for a calibration Job's pod, the Deployment
-controller for a Deployment's pods and status. Every write goes through the API as theirs
-would (pods created from the template, status through /status)."""
+controller for a Deployment's pods and status, KEDA's operator (the HPA it makes for a
+ScaledObject) and the HPA controller (its status). Every write goes through the API as
+theirs would (pods created from the template, status through /status)."""
 
 from __future__ import annotations
 
 import uuid
 from typing import Any
 
-from emulated_cluster import DEPLOYMENTS, JOBS, NS, PODS, Cluster
+from emulated_cluster import DEPLOYMENTS, HPAS, JOBS, NS, PODS, SCALED_OBJECTS, Cluster
 from kube_writes import now
 from slogate_operator import names
 
@@ -142,3 +143,42 @@ def write_deployment_status(
         status["unavailableReplicas"] = replicas - ready
     # A whole-status replacement, as the controller's UpdateStatus.
     return cluster.json_patch(DEPLOYMENTS, name, [{"op": "add", "path": "/status", "value": status}], ns, sub="status")
+
+
+# ------------------------------------------------------------------------------ autoscalers
+
+
+def keda_makes_hpa(cluster: Cluster, scaled_object: str, ns: str = NS) -> dict[str, Any]:
+    """KEDA's operator: the HPA ``keda-hpa-<name>`` of a ScaledObject, owned by it, on the
+    External metric KEDA's metrics server serves (``s0-prometheus``) at the trigger's threshold."""
+    found = cluster.get(SCALED_OBJECTS, scaled_object, ns)
+    assert found is not None, f"no ScaledObject {scaled_object}"
+    spec = found["spec"]
+    (trigger,) = spec["triggers"]
+    metric = {"name": "s0-prometheus",
+              "selector": {"matchLabels": {"scaledobject.keda.sh/name": scaled_object}}}  # fmt: skip
+    hpa = {
+        "apiVersion": "autoscaling/v2", "kind": "HorizontalPodAutoscaler",
+        "metadata": {
+            "name": f"keda-hpa-{scaled_object}",
+            "labels": {"scaledobject.keda.sh/name": scaled_object},
+            "ownerReferences": [{"apiVersion": "keda.sh/v1alpha1", "kind": "ScaledObject", "name": scaled_object,
+                                 "uid": found["metadata"]["uid"], "controller": True, "blockOwnerDeletion": True}],
+        },
+        "spec": {
+            "scaleTargetRef": spec["scaleTargetRef"],
+            "minReplicas": spec["minReplicaCount"], "maxReplicas": spec["maxReplicaCount"],
+            "metrics": [{"type": "External", "external": {
+                "metric": metric, "target": {"type": "AverageValue", "averageValue": trigger["metadata"]["threshold"]},
+            }}],
+            "behavior": spec["advanced"]["horizontalPodAutoscalerConfig"]["behavior"],
+        },
+    }  # fmt: skip
+    return cluster.create(HPAS, hpa, ns)
+
+
+def hpa_reports(cluster: Cluster, name: str, *, current: int, desired: int, ns: str = NS) -> dict[str, Any]:
+    """The HPA controller's status write (through /status): the replicas it saw and wants."""
+    status = {"currentReplicas": current, "desiredReplicas": desired, "lastScaleTime": now(),
+              "currentMetrics": [], "conditions": []}  # fmt: skip
+    return cluster.json_patch(HPAS, name, [{"op": "add", "path": "/status", "value": status}], ns, sub="status")

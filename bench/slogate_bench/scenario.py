@@ -15,8 +15,10 @@ from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
 from slogate_admission.service import DecodeCurve, PrefillCurve
+from slogate_bench.arrivals import RateCurve
 from slogate_bench.capacity import ServerModel, capacity_rps
 from slogate_bench.lengths import TokenLengths
+from slogate_bench.simulated_fleet import Autoscaling, FleetRecord, RetryingClients
 from slogate_bench.simulated_fronts import Direct, FrontSpec, Gated
 from slogate_bench.simulated_routing import Routing
 from slogate_bench.workloads import DEFAULT_CLIENT_TIMEOUT_S, Workload
@@ -93,10 +95,18 @@ class SimulationConfig:
     pods: tuple[Pod, ...] = ()
     """Each pod's own server and front, pod i taking ``pods[i % len(pods)]`` (pods
     calibrated apart); empty: every pod is ``server`` behind ``front``."""
+    rate_curve: RateCurve | None = None
+    """λ(t) instead of the constant ``arrival_rate_rps`` (``arrivals``: thinning)."""
+    autoscaling: Autoscaling | None = None
+    """An HPA sizes the fleet from ``replicas`` on (``simulated_fleet``); None: a fixed fleet."""
+    clients: RetryingClients | None = None
+    """Clients that retry a 429 after its Retry-After; None: they never retry."""
 
     def __post_init__(self) -> None:
         if self.replicas < 1:
             raise ValueError(f"replicas must be >= 1, got {self.replicas}")
+        if (self.autoscaling or self.clients) and self.routing.name not in ("least-requests", "central"):
+            raise ValueError(f"a fleet that changes size needs least-requests or central routing, not {self.routing}")
         rates = ("duration_s",) if self.trace is not None else ("arrival_rate_rps", "duration_s")
         for name in rates:
             value = getattr(self, name)
@@ -183,10 +193,12 @@ class SimulationResult:
     """How arrivals found a pod (``simulated_routing.Routing``, as the command line says it)."""
     tries: int = 0
     """Pods tried, summed over the offered requests (= offered without retries)."""
+    fleet: FleetRecord | None = None
+    """With autoscaling or retrying clients: the pods' lives, the syncs and each request's fate."""
 
     def as_dict(self) -> dict[str, object]:
         """Plain JSON-ready values."""
-        return dataclasses.asdict(self)
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "fleet"}
 
 
 # --------------------------------------------------------------------------- runs

@@ -205,6 +205,7 @@ class SlogateFront:
 
     def swap(self, thresholds: Thresholds, now: float) -> list[Forward | Refuse]:
         """New thresholds in force (as pushed to a sidecar); waiters are judged again."""
+        self.thresholds = thresholds
         resolutions = self.machine.load(thresholds, now)
         config = self.machine.config
         self._streams_cap = min(config.decode_streams_cap, config.limits_for(None).concurrency_cap)

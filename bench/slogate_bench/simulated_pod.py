@@ -1,11 +1,31 @@
 """One simulated pod: a llama-server's slots, queue, prefill and decode, and the front before it.
 
-The server model is the simulator's (``simulator``'s docstring says it whole): ``slots``
-parallel slots and llama-server's own FIFO queue behind them; prefill preempts decode, one
-prompt at a time, T_prefill(n) each; with no prompt work the B decoding streams advance
-together at 1 / t_decode(B) tokens per second each. In the ``exponential`` service mode a
-request's whole service is one Exp(mean) stretch on its own slot, the slots in parallel
-(C slots: the M/M/C server; one slot: M/M/1).
+The server model (a llama.cpp CPU server; one compute resource, e.g. 2 cores):
+
+- ``slots`` parallel slots. A request takes a slot when one is free, else it waits in
+  llama-server's own unbounded FIFO queue (its "deferred" task queue).
+- Prefill and decode share the cores, and **prefill preempts decode**: while any slot
+  has prompt work, the whole server prefills, one prompt at a time, FIFO by slot
+  assignment, a prompt of n tokens taking the calibrated T_prefill(n); decoding streams
+  stall meanwhile. With no prompt work, the B decoding streams advance together, each at
+  the calibrated per-stream rate 1 / t_decode(B) (processor sharing on the decode curve).
+  This is the model under the core's formulas: the TTFT predicate drains the queue at the
+  full prefill rate, and ``service.server_seconds_per_request`` charges a request
+  T_prefill(n_in) + n_out · t_decode(B) / B of exclusive server time, so at B = cap the
+  simulator's capacity *is* the derived μ.
+  Simplification: llama-server really puts the decode tokens of every generating slot in
+  the same batch as a prompt chunk, so streams do creep forward during a prefill; on a
+  CPU that batch costs about as much as the prompt alone, so we let them stall, and we
+  neither overlap prefill with decode at full speed (which would overstate capacity) nor
+  batch several prompts into one pass (T_prefill per prompt, intercept included).
+- The first token is emitted when a prompt's prefill ends (TTFT). Decode then costs the
+  request's n_out token steps, as in the core's T(r) = T_prefill + n_out · t_decode
+  (the one-token off-by-one is ignored, slightly conservative). Output length = the
+  request's max_tokens (the load generator's ``ignore_eos``), so the gate's reserved n_out
+  is exact; real traffic that stops early only frees capacity sooner.
+
+In the ``exponential`` service mode a request's whole service is one Exp(mean) stretch on
+its own slot, the slots in parallel (C slots: the M/M/C server; one slot: M/M/1).
 
 A pod keeps its own clock, ``last``: the simulator moves it (``advance``) only when an
 event touches this pod, so an event costs the same with 1 pod or 1,000. What happens to a
@@ -51,6 +71,12 @@ class SimRequest:
     """It got past a front's refusal once: its client's patience runs."""
     deferred: bool = False
     """A front held it at least once."""
+    key: int = 0
+    """The request's number, the same on each of its client's tries (its idempotency key)."""
+    retries: int = 0
+    """Its client's tries before this one (a retrying client's 429s)."""
+    first_arrival: float = math.nan
+    """When its client first sent it (``arrival`` is this try's)."""
     tried: list[int] = field(default_factory=list)
     """The pods tried (kept only when the routing retries)."""
     forwarded: bool = False
@@ -75,6 +101,7 @@ class SimulatedPod:
         "per_token",
         "prefill_fifo",
         "prefill_left",
+        "routable",
         "scheduled",
         "seq",
         "server",
@@ -116,6 +143,8 @@ class SimulatedPod:
         """Bumped whenever its next completion moved (stale heap entries skipped)."""
         self.scheduled = math.inf
         """The completion time last pushed for it (nan: consumed)."""
+        self.routable = True
+        """The balancer may send it requests (a starting or stopping pod may not: ``simulated_fleet``)."""
 
     # ------------------------------------------------------------------ time
 

@@ -24,6 +24,7 @@ fresh per run; every random draw comes from the run's seed.
 from __future__ import annotations
 
 import heapq
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
@@ -99,6 +100,13 @@ class LeastKey:
             self._heap = [(k, s, p) for p, (k, s) in enumerate(zip(self._keys, self._seq, strict=True))]
             heapq.heapify(self._heap)
 
+    def add(self, key: float) -> int:
+        """One more pod, with this key; its index."""
+        pod = len(self._keys)
+        self._keys.append(key)
+        self._seq.append(-1)
+        return pod
+
     def least(self) -> int:
         """The pod with the least key (of equal keys, the one touched longest ago)."""
         heap, seqs = self._heap, self._seq
@@ -145,12 +153,22 @@ class Router:
             if pod not in tried:
                 return pod
 
-    def changed(self, pod: int, conns: int, front: Front) -> None:
+    def changed(self, pod: int, conns: int, front: Front, *, routable: bool = True) -> None:
         """Something happened at ``pod``: ``conns``, its requests from this balancer, or its
-        ``front``'s pressure may have moved (only called when ``tracks``)."""
+        ``front``'s pressure may have moved (only called when ``tracks``). A pod not
+        ``routable`` (starting, or stopping) is sent nothing."""
         assert self._least is not None
         self._seq += 1
-        self._least.update(pod, conns if self._by_conns else front.pressure(), self._seq)
+        key = (conns if self._by_conns else front.pressure()) if routable else math.inf
+        self._least.update(pod, key, self._seq)
+
+    def add_pod(self) -> int:
+        """A pod joins (not routable until ``changed`` says so); its index. Only the routings
+        that see every pod (least-requests, central) take pods that come and go."""
+        if self._least is None:
+            raise ValueError(f"a fleet that changes size needs least-requests or central routing, not {self.routing}")
+        self.pods += 1
+        return self._least.add(math.inf)
 
     def _draw(self) -> int:
         if not self._draws:

@@ -51,6 +51,8 @@ JOBS = Resource("batch", "v1", "jobs")
 CONFIGMAPS = Resource("", "v1", "configmaps")
 SECRETS = Resource("", "v1", "secrets")
 EVENTS = Resource("", "v1", "events")
+SCALED_OBJECTS = Resource("keda.sh", "v1alpha1", "scaledobjects")
+HPAS = Resource("autoscaling", "v2", "horizontalpodautoscalers")
 
 
 class ApiError(RuntimeError):

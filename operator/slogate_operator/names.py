@@ -49,6 +49,7 @@ ADMIN_PORT_NAME = "slogate-admin"
 
 _DNS_LABEL_MAX = 63
 _NOT_DNS = re.compile(r"[^a-z0-9-]+")
+_DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
 
 
 def short_hash(text: str, length: int = 8) -> str:
@@ -79,3 +80,23 @@ def thresholds_configmap_name(policy: str) -> str:
     """The ConfigMap the sidecars mount: ``<policy>-thresholds`` (shortened past 253 characters)."""
     name = f"{policy}-thresholds"
     return name if len(name) <= 253 else f"{policy[:233].rstrip('.-')}-{short_hash(policy)}-thresholds"
+
+
+KEDA_HPA_PREFIX = "keda-hpa-"
+"""KEDA names the HPA it makes for a ScaledObject ``keda-hpa-<ScaledObject name>``."""
+
+
+def autoscaler_name(policy: str, deployment: str) -> str:
+    """The ScaledObject or HPA of one target: ``<policy>-<deployment>``, deterministic.
+
+    A DNS label (63 characters): KEDA writes the ScaledObject's name into a label value of its
+    HPA (``scaledobject.keda.sh/name``). A name that needs shortening or cleaning (dots)
+    keeps a hash of the pair, so two long pairs never collide; two short pairs that join
+    alike (policy ``a`` with Deployment ``b-c``, policy ``a-b`` with ``c``) do, and the
+    second policy reports the name as taken rather than take it over (the owner is checked).
+    """
+    joined = f"{policy}-{deployment}"
+    if len(joined) <= _DNS_LABEL_MAX and _DNS_LABEL.fullmatch(joined):
+        return joined
+    clean = _NOT_DNS.sub("-", joined.lower()).strip("-")
+    return f"{clean[: _DNS_LABEL_MAX - 9].rstrip('-')}-{short_hash(policy + '/' + deployment)}"

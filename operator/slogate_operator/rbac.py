@@ -38,6 +38,12 @@ PERMISSIONS: tuple[Permission, ...] = (
                "the thresholds ConfigMap the sidecars mount (and the profile it came from)"),
     Permission("", "secrets", ("get", "create", "patch"),
                "the admin token Secret: create it, read the token to push, add each policy as an owner"),
+    Permission("keda.sh", "scaledobjects", ("list", "create", "patch", "delete"),
+               "spec.autoscaling, engine keda: one ScaledObject per target, kept as the spec says, deleted when "
+               "disabled or no longer targeted"),
+    Permission("autoscaling", "horizontalpodautoscalers", ("get", "list", "create", "patch", "delete"),
+               "spec.autoscaling, engine hpa: one HPA per target (as for ScaledObjects); both engines: read the "
+               "HPA's desired and current replicas (KEDA's own for a ScaledObject)"),
     Permission("", "events", ("create",), "Warning and Normal events on policies"),
     Permission("events.k8s.io", "events", ("create",), "the same, where kopf posts through the events API"),
     Permission("apiextensions.k8s.io", "customresourcedefinitions", ("list", "watch"),

@@ -20,7 +20,7 @@ from typing import Any
 
 from slogate_admission.derivation import DerivationError, derive_thresholds
 from slogate_admission.schema import CalibrationProfile
-from slogate_operator import builders, jobs, names, outcome, stores, targets
+from slogate_operator import autoscalers, builders, jobs, names, outcome, stores, targets
 from slogate_operator.calibration import JobState
 from slogate_operator.client import DEPLOYMENTS, PODS, POLICIES, ApiError
 from slogate_operator.context import Runtime
@@ -75,7 +75,7 @@ async def reconcile(rt: Runtime, namespace: str, name: str) -> PassResult:
         status["observedGeneration"] = generation
         judged = [Condition(C.INVALID, True, "InvalidSpec", str(error))] + [
             Condition(kind, False, "InvalidSpec", "the spec is invalid: the thresholds in force are kept")
-            for kind in (C.DEGRADED, C.CALIBRATED, C.THRESHOLDS_PUSHED)
+            for kind in (C.DEGRADED, C.CALIBRATED, C.THRESHOLDS_PUSHED, *autoscalers.kept(previous))
         ]
         judged = [ready_condition(judged), *judged]
         await outcome.publish(rt, policy, previous=previous, status=status, judged=judged, events=[])
@@ -119,6 +119,7 @@ class Pass:
     notes: list[str] = field(default_factory=list)
     latest: dict[str, Mapping[str, Any]] = field(default_factory=dict)
     """Deployments as this pass last wrote them (their new resourceVersion)."""
+    autoscaling: autoscalers.AutoscalingReport | None = None
 
     async def execute(self) -> None:
         rt, policy = self.rt, self.policy
@@ -143,6 +144,9 @@ class Pass:
             await stores.save_stored(rt.client, policy, stored)
             await self.manage_targets(scan, gate=stored.thresholds is not None)
         self.note_targets(scan, gated=stored.thresholds is not None)
+        self.autoscaling = await autoscalers.step(rt, policy, spec, scan, self.previous, gated=bool(stored.thresholds))
+        self.status["autoscaling"] = self.autoscaling.status
+        self.events += self.autoscaling.events
         if stored.profile is not None:
             self.status["calibration"] = calibration_summary(
                 stored.profile, stored.container_fingerprint or "", stored.job
@@ -386,7 +390,7 @@ class Pass:
             behind = "; ".join(f"{pod}: {why}" for pod, why in report.behind[:3])
             pushed = Condition(C.THRESHOLDS_PUSHED, False, "PushPending", f"{report.text} acknowledged; {behind}")
         judged = [invalid, degraded, calibrated, pushed]
-        return [ready_condition(judged), *judged]
+        return [ready_condition(judged), *judged, *autoscalers.conditions(self.autoscaling, self.previous)]
 
 
 LOOPBACK = frozenset({"127.0.0.1", "localhost", "::1"})

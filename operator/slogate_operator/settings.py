@@ -13,6 +13,7 @@ import dataclasses
 import inspect
 import itertools
 import math
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -78,6 +79,10 @@ class OperatorSettings:
     kube_api: str = ""
     """API server URL to use instead of the in-cluster service account or kubeconfig
     (e.g. ``http://127.0.0.1:8001`` behind ``kubectl proxy``). No credentials are sent."""
+    prometheus_url: str = "http://prometheus-operated.monitoring.svc:9090"
+    """The Prometheus that KEDA's trigger queries for a policy's demand (``spec.autoscaling``,
+    engine keda) unless the policy names its own ``prometheus.serverAddress``: the one that
+    scrapes the sidecars through the chart's PodMonitor."""
     metrics_port: int = 9090
     """Port of the operator's Prometheus /metrics; 0: none."""
     liveness_port: int = 8080
@@ -110,6 +115,8 @@ class OperatorSettings:
             raise SettingsError(f"priority must be >= 0 (0: random), got {self.priority}")
         if not self.image:
             raise SettingsError("image must not be empty")
+        if not re.fullmatch(r"https?://\S+", self.prometheus_url):
+            raise SettingsError(f"prometheus_url must be an http(s) URL, got {self.prometheus_url!r}")
         if not self.standalone and not self.peering:
             raise SettingsError("peering must name a peering object unless standalone")
 

@@ -3,7 +3,7 @@
 The policy part (slo, outputTokens, concurrency, classes, defaultClass, deferral,
 degradation) is validated by ``slogate_admission.schema.Policy`` itself, so the CRD
 and the core cannot drift apart; the operator part (targetRef or selector, container,
-calibration, sidecar, alerting) by ``OperatorSpec`` below. crds/ mirrors both, and a
+calibration, sidecar, alerting, autoscaling) by ``OperatorSpec`` below. crds/ mirrors both, and a
 test holds every example and every invalid variant to the same verdict from the CRD's
 openAPIV3Schema (with its CEL rules) and from these models.
 """
@@ -186,6 +186,50 @@ class AlertingSpec(Model):
         return self
 
 
+class PrometheusSpec(Model):
+    """Where KEDA's Prometheus trigger asks the demand query."""
+
+    server_address: Annotated[str, Field(min_length=1, max_length=512, pattern=r"^https?://\S+$")] | None = None
+    """The Prometheus base URL KEDA queries; unset: the operator's SLOGATE_OPERATOR_PROMETHEUS_URL."""
+
+
+class AutoscalingSpec(Model):
+    """A KEDA ScaledObject or an HPA per target Deployment, sized by the demand its pods price.
+
+    The signal is ``demand_query`` (slogate_operator.demand_query): ρ, the sum over the pods of
+    the rate of each first try's server-seconds on that pod's calibration, so the offered load
+    in pods' worth of the workload's own capacity. The autoscaler asks
+    ceil(ρ / targetUtilization) pods (AverageValue target), so 2 pods' worth at 0.7 gives 3.
+    """
+
+    enabled: bool = False
+    engine: Literal["keda", "hpa"] = "keda"
+    """keda: a ScaledObject with a Prometheus trigger; hpa: an HPA v2 on the External metric
+    slogate_demand_pods, served by prometheus-adapter with the chart's rule."""
+    min_replicas: Annotated[int, Field(ge=1)] = 1
+    max_replicas: Annotated[int, Field(ge=1)] | None = None
+    """Required when enabled; at least minReplicas."""
+    target_utilization: Annotated[float, Field(gt=0, le=1)] = 0.7
+    """The average demand per pod, in server-seconds per second (pods' worth), the autoscaler holds."""
+    scale_up_stabilization_seconds: Annotated[int, Field(ge=0, le=3600)] = 0
+    scale_down_stabilization_seconds: Annotated[int, Field(ge=0, le=3600)] = 300
+    polling_interval_seconds: Annotated[int, Field(ge=1, le=3600)] = 15
+    """KEDA's pollingInterval (the HPA engine polls at the controller manager's own period)."""
+    metric_window_seconds: Annotated[int, Field(ge=1, le=3600)] = 60
+    """The rate window of the demand query."""
+    prometheus: PrometheusSpec = PrometheusSpec()
+
+    @model_validator(mode="after")
+    def _bounds(self) -> AutoscalingSpec:
+        if self.enabled and self.max_replicas is None:
+            raise ValueError("autoscaling.maxReplicas is required when autoscaling is enabled")
+        if self.max_replicas is not None and self.max_replicas < self.min_replicas:
+            raise ValueError(
+                f"autoscaling.maxReplicas ({self.max_replicas}) must be at least minReplicas ({self.min_replicas})"
+            )
+        return self
+
+
 class OperatorSpec(Model):
     """The fields only the operator reads."""
 
@@ -196,6 +240,7 @@ class OperatorSpec(Model):
     calibration: CalibrationSpec = CalibrationSpec()
     sidecar: SidecarSpec = SidecarSpec()
     alerting: AlertingSpec = AlertingSpec()
+    autoscaling: AutoscalingSpec = AutoscalingSpec()
 
     @model_validator(mode="after")
     def _one_target(self) -> OperatorSpec:

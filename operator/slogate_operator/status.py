@@ -30,6 +30,10 @@ class ConditionType(StrEnum):
     """Something failed; the last good thresholds stay in force (reason says what)."""
     INVALID = "Invalid"
     """The spec passed the schema but not the operator's checks; nothing is changed."""
+    AUTOSCALING_READY = "AutoscalingReady"
+    """With ``spec.autoscaling.enabled``: every target has its ScaledObject or HPA and that
+    HPA reports replicas. Absent while autoscaling is off. Not part of Ready, which says the
+    gate is in force: a cluster without KEDA still gates (autoscalers.py)."""
 
 
 class DegradedError(RuntimeError):
@@ -51,7 +55,9 @@ class Condition:
 
 
 def ready_condition(conditions: Sequence[Condition]) -> Condition:
-    """Ready iff valid, not degraded, calibrated and pushed; else the first reason why not."""
+    """Ready iff valid, not degraded, calibrated and pushed; else the first reason why not.
+
+    AutoscalingReady stays out: Ready is the gate's promise, which holds without autoscaling."""
     by_type = {c.type: c for c in conditions}
     for kind, bad_when in (
         (ConditionType.INVALID, True),

@@ -36,7 +36,9 @@ from slogate_sidecar.drain import Drain, DrainCause
 from slogate_sidecar.gate import Gate
 from slogate_sidecar.learners import MetricsLearner, TtftLearner, UsageLearner
 from slogate_sidecar.metrics import SidecarMetrics
-from slogate_sidecar.proxy import InferenceProxy, passthrough
+from slogate_sidecar.offered_demand import DemandMeter
+from slogate_sidecar.passthrough import passthrough
+from slogate_sidecar.proxy import InferenceProxy
 from slogate_sidecar.rates import RateEstimator
 from slogate_sidecar.routing_signals import RoutingSignals
 from slogate_sidecar.settings import SidecarSettings
@@ -58,7 +60,9 @@ def build_sidecar(settings: SidecarSettings) -> Sidecar:
     ttft, usage, recorded = TtftLearner(), UsageLearner(), MetricsLearner(metrics)
     gate.observers.append(recorded)
     gate.learners.extend((ttft, usage, recorded))
-    sidecar = Sidecar(settings=settings, gate=gate, rates=rates, metrics=metrics, ttft=ttft, usage=usage)
+    sidecar = Sidecar(
+        settings=settings, gate=gate, rates=rates, metrics=metrics, ttft=ttft, usage=usage, demand=DemandMeter(metrics)
+    )
     if settings.thresholds_file is not None:
         try:
             admin.apply(sidecar, Thresholds.model_validate_json(settings.thresholds_file.read_text()))

@@ -7,6 +7,7 @@ series at once or need a mapping from the core's types.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from functools import partial
 from typing import Literal
 
@@ -19,12 +20,17 @@ from prometheus_client import (
     Info,
     generate_latest,
 )
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.metrics_core import Metric
 
 from slogate_admission.decision import Decision, LiveState, Outcome
+from slogate_admission.demand import Capacity, reference_capacity
 from slogate_admission.schema import Thresholds
 from slogate_sidecar.rates import RateEstimator
 
 __all__ = [
+    "CAPACITY_PROMPT_TOKENS",
+    "CAPACITY_REQUESTS",
     "DEFERRED_REQUESTS",
     "DEGRADE",
     "INFLIGHT_STREAMS",
@@ -38,6 +44,12 @@ DEFERRED_REQUESTS = "slogate_deferred_requests"
 """Requests in the deferral queue: also the routing signal of requests waiting (routing_signals)."""
 INFLIGHT_STREAMS = "slogate_inflight_streams"
 """Admitted, unfinished requests: also the routing signal of requests running (routing_signals)."""
+
+CAPACITY_REQUESTS = "slogate_capacity_requests_per_second"
+"""μ_ref: what this pod sustains at the SLO, in reference requests/s (a number to read: the
+autoscaling query prices each request instead, ``slogate_offered_work_seconds_total``)."""
+CAPACITY_PROMPT_TOKENS = "slogate_capacity_prompt_tokens_per_second"
+"""μ · n_ref: the same in prompt tokens/s."""
 
 DEGRADE = "degrade"
 """The metric outcome of an admission whose max_tokens was clamped to fit the KV cache."""
@@ -157,6 +169,28 @@ class SidecarMetrics:
         self.thresholds_loaded = gauge("slogate_thresholds_loaded", "1 once thresholds loaded.")
         self.threshold_updates = counter("slogate_threshold_updates_total", "Threshold updates by result.", ("result",))
 
+        # Offered demand and capacity: the autoscaling signal (offered_demand, slogate_admission.demand)
+        self.offered_requests = counter(
+            "slogate_offered_requests",
+            "First tries of the arrivals the gate decided on (admitted, deferred or refused); retries apart.",
+        )
+        self.offered_prompt_tokens = counter(
+            "slogate_offered_prompt_tokens",
+            "Prompt tokens of the same first tries, as the gate knew them when it decided (counted or estimated).",
+        )
+        self.offered_work = counter(
+            "slogate_offered_work_seconds",
+            "Server-seconds the same first tries cost this pod on its calibrated curves "
+            "(T_prefill(n_in) + n_out / (B r_decode(B)), n_out as booked): summed over pods, the autoscaling signal.",
+        )
+        self.retried_requests = counter(
+            "slogate_retried_requests",
+            "Arrivals the gate decided on that were recognised as retries (not in slogate_offered_requests_total).",
+        )
+        self.capacity = CapacityCollector()
+        """What the enforced thresholds say one pod sustains; exported once thresholds are loaded."""
+        r.register(self.capacity)
+
         self._classes: frozenset[str] = frozenset()
         for kind in _UPSTREAM_ERRORS:
             self.upstream_errors.labels(kind=kind)
@@ -201,6 +235,7 @@ class SidecarMetrics:
                 "quantization": thresholds.quantization,
             }
         )
+        self.capacity.capacity = reference_capacity(thresholds)
         self.thresholds_loaded.set(1)
         self.threshold_updates.labels(result="applied").inc()
 
@@ -280,3 +315,30 @@ class SidecarMetrics:
     def exposition(self) -> tuple[bytes, str]:
         """The body and content type of a ``/metrics`` answer."""
         return generate_latest(self.registry), CONTENT_TYPE_LATEST
+
+
+class CapacityCollector:
+    """The two capacity gauges, absent until thresholds are loaded.
+
+    A gauge at 0 before then would read as a pod that sustains nothing (and divide by 0 in
+    any ratio a dashboard makes of it); absent, the pod is simply not yet sized.
+    """
+
+    def __init__(self) -> None:
+        self.capacity: Capacity | None = None
+        """From the thresholds in force (``demand.reference_capacity``); None before the first load."""
+
+    def collect(self) -> Iterator[Metric]:
+        """The gauges, read at scrape time."""
+        if self.capacity is None:
+            return
+        yield GaugeMetricFamily(
+            CAPACITY_REQUESTS,
+            "Reference requests/s this pod sustains at the SLO (throughputRps of the enforced thresholds).",
+            value=self.capacity.requests_per_second,
+        )
+        yield GaugeMetricFamily(
+            CAPACITY_PROMPT_TOKENS,
+            "Prompt tokens/s this pod sustains at the SLO: throughputRps x the reference prompt's tokens.",
+            value=self.capacity.prompt_tokens_per_second,
+        )

@@ -6,6 +6,8 @@ reassembled. Whatever happens (completion, upstream error, client disconnect,
 which cancels this handler and so closes the upstream connection, aborting the
 generation) the ticket is released in ``finally``. While the sidecar drains, every
 request is refused with 429 ``slogate_draining`` before anything reaches llama-server.
+Each arrival the gate decides on is counted once, as offered demand or as a retry, and
+every 429 is remembered for the retries it will bring (``offered_demand``).
 """
 
 from __future__ import annotations
@@ -26,6 +28,8 @@ from slogate_llama.stream import Reassembler, carries_token, event, event_data, 
 from slogate_sidecar import responses
 from slogate_sidecar.drain import Draining
 from slogate_sidecar.lease import Lease, Origin, Usage
+from slogate_sidecar.offered_demand import attempt_of
+from slogate_sidecar.passthrough import upstream_timeout
 from slogate_sidecar.prompt_tokens import count_prompt_tokens, estimate_prompt_tokens
 from slogate_sidecar.requests import BadRequest, ParsedRequest, parse_request, with_output_limit
 from slogate_sidecar.settings import PromptCounting
@@ -136,8 +140,15 @@ class InferenceProxy:
         return max(1, estimate)
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
-        """Decide on one arrival, then serve or refuse it."""
+        """Decide on one arrival, then serve or refuse it; a 429 is remembered for its retries."""
         arrived = self.sc.gate.clock()  # the clock the gate decides with
+        attempt = attempt_of(request.headers)
+        retry = self.sc.demand.is_retry(attempt, arrived)  # judged on arrival, against refusals so far
+        response = await self._arrival(request, arrived, retry=retry)
+        self.sc.demand.answered(attempt, response, self.sc.gate.clock())
+        return response
+
+    async def _arrival(self, request: web.Request, arrived: float, *, retry: bool) -> web.StreamResponse:
         sc = self.sc
         refused = self._refused_at_once()
         if refused is not None:
@@ -151,10 +162,11 @@ class InferenceProxy:
         n_out = self._output_tokens(parsed)
         tokens_per_char = (sc.gate.thresholds and sc.gate.thresholds.tokens_per_char) or FALLBACK_TOKENS_PER_CHAR
         estimated_n_in = estimate_prompt_tokens(parsed, tokens_per_char)
-        n_in = await self._prompt_tokens(parsed, Request(0, n_out, class_name), estimated_n_in)
+        n_in = await self._prompt_tokens(parsed, Request(0, n_out, class_name), estimated_n_in, retry=retry)
         if isinstance(n_in, web.Response):
             return n_in
-        return await self._decide_and_serve(request, parsed, Request(n_in, n_out, class_name), arrived, estimated_n_in)
+        req = Request(n_in, n_out, class_name)
+        return await self._decide_and_serve(request, parsed, req, arrived, estimated_n_in, retry=retry)
 
     def _refused_at_once(self) -> web.Response | None:
         """The answer to give before reading the request: draining (429), or unable to decide (503)."""
@@ -169,8 +181,12 @@ class InferenceProxy:
             return responses.not_ready("upstream llama-server is unavailable")
         return None
 
-    async def _prompt_tokens(self, parsed: ParsedRequest, empty: Request, estimated: int) -> int | web.Response:
-        """n_in: the estimate, or llama-server's exact count; or the answer that ends the request."""
+    async def _prompt_tokens(
+        self, parsed: ParsedRequest, empty: Request, estimated: int, *, retry: bool
+    ) -> int | web.Response:
+        """n_in: the estimate, or llama-server's exact count; or the answer that ends the request.
+
+        A refusal before counting is demand all the same: its estimate is what the gate knew."""
         sc = self.sc
         if sc.settings.prompt_counting is not PromptCounting.TOKENIZE or parsed.prompt_token_count is not None:
             return estimated
@@ -179,6 +195,7 @@ class InferenceProxy:
         pre = sc.gate.decide(empty)
         if pre.outcome is Outcome.REJECT:
             sc.metrics.record_decision(pre, 0.0)
+            sc.demand.decided(retry=retry, request=Request(estimated, empty.output_tokens), config=sc.gate.config)
             return responses.rejection(pre)
         try:
             return await count_prompt_tokens(sc.client, sc.settings.upstream, parsed, self._timeout())
@@ -201,8 +218,15 @@ class InferenceProxy:
         req: Request,
         arrived: float,
         estimated_n_in: int,
+        *,
+        retry: bool,
     ) -> web.StreamResponse:
         origin = Origin(parsed.route, estimated_n_in, req.prompt_tokens, parsed.prompt_token_count is not None)
+        if self.sc.gate.drain.active:  # the gate would refuse it undecided (Draining): no demand here
+            return self._draining()
+        # Counted as the gate decides: acquire decides before its first await, and its
+        # observers count the same arrival in slogate_requests_total.
+        self.sc.demand.decided(retry=retry, request=req, config=self.sc.gate.config)
         try:
             admission = await self.sc.gate.acquire(req, origin, arrived)
         except Draining:
@@ -349,47 +373,6 @@ class InferenceProxy:
         )
 
 
-def upstream_timeout(sidecar: Sidecar) -> aiohttp.ClientTimeout:
-    """Connect within the connect timeout; then any silence past the read timeout fails (504)."""
-    return aiohttp.ClientTimeout(
-        total=None,
-        sock_connect=sidecar.settings.upstream_connect_timeout_s,
-        sock_read=sidecar.settings.upstream_read_timeout_s,
-    )
-
-
 def _is_one(value: object) -> bool:
     """Absent (null) or the number 1."""
     return value is None or (type(value) in (int, float) and value == 1)
-
-
-async def passthrough(sidecar: Sidecar, request: web.Request) -> web.StreamResponse:
-    """Forward a request as is (GET /v1/models, /health; llama-server's admin API if enabled)."""
-    try:
-        async with asyncio.timeout(sidecar.settings.client_read_timeout_s):
-            data = await request.read()
-    except TimeoutError:
-        return responses.request_timeout()
-    except web.HTTPRequestEntityTooLarge:
-        return responses.error(
-            413,
-            f"request body over {sidecar.settings.max_body_bytes} bytes",
-            kind="invalid_request_error",
-            code="body_too_large",
-        )
-    except responses.BODY_ERRORS as broken:
-        return responses.unreadable_body(broken)
-    try:
-        async with sidecar.client.request(
-            request.method,
-            sidecar.settings.upstream + request.path_qs,
-            data=data,
-            headers={k: v for k, v in request.headers.items() if k.lower() in ("content-type", "accept")},
-            timeout=upstream_timeout(sidecar),
-        ) as upstream:
-            payload = await upstream.read()
-            return web.Response(body=payload, status=upstream.status, content_type=upstream.content_type)
-    except (TimeoutError, aiohttp.ServerTimeoutError):
-        return responses.error(504, "upstream llama-server timed out", kind="server_error", code="upstream_timeout")
-    except aiohttp.ClientError:
-        return responses.not_ready("upstream llama-server is unavailable")

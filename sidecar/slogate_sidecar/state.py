@@ -9,6 +9,7 @@ import aiohttp
 from slogate_sidecar.gate import Gate
 from slogate_sidecar.learners import TtftLearner, UsageLearner
 from slogate_sidecar.metrics import SidecarMetrics
+from slogate_sidecar.offered_demand import DemandMeter
 from slogate_sidecar.rates import RateEstimator
 from slogate_sidecar.settings import SidecarSettings
 
@@ -25,6 +26,8 @@ class Sidecar:
     """Predicted vs actual TTFT (the gate learns its own correction: GateMachine.errors)."""
     usage: UsageLearner
     """n_out per route (the RouteQuantile estimate) and the n_in count error."""
+    demand: DemandMeter
+    """Offered demand, first tries apart from retries (the autoscaling signal's numerator)."""
     upstream_up: bool = False
     """Set by the poller and by failed connections; readiness and fast 503s follow it."""
     session: aiohttp.ClientSession | None = None

@@ -10,24 +10,15 @@ asserts states and orderings on Prometheus' own clock, never durations.
 from __future__ import annotations
 
 import asyncio
-import os
 import random
 import re
-import shutil
-import signal
-import socket
-import subprocess
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
-from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-import aiohttp
 import pytest
-import yaml
 
+from prometheus_process import Target, running_prometheus, wait_for
 from sidecar_harness import RunningSidecar, sidecar_in_front_of, thresholds_for
 from slogate_admission.schema import CalibrationProfile
 from slogate_calibration.runtime import LlamaServer
@@ -38,113 +29,6 @@ FAST_VALUES = CHART / "ci" / "fast-alerts-values.yaml"
 TARGET_LABELS = {"namespace": "llm", "policy": "smollm2", "workload": "smollm2", "pod": "smollm2-0"}
 WARNING = "SlogateSheddingWarning"
 CRITICAL = "SlogateSheddingCritical"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
-@dataclass
-class Prometheus:
-    """A running Prometheus and a client of its HTTP API."""
-
-    url: str
-    session: aiohttp.ClientSession
-    log: Path
-
-    async def api(self, path: str, **params: str) -> Any:
-        async with self.session.get(self.url + path, params=params) as response:
-            body = await response.json()
-        assert body["status"] == "success", f"{path} {params}: {body}"
-        return body["data"]
-
-    async def query(self, expr: str) -> list[dict[str, Any]]:
-        data = await self.api("/api/v1/query", query=expr)
-        result: list[dict[str, Any]] = data["result"]
-        return result
-
-    async def alerts(self, name: str) -> list[dict[str, Any]]:
-        data = await self.api("/api/v1/alerts")
-        return [a for a in data["alerts"] if a["labels"]["alertname"] == name]
-
-    async def rule(self, name: str) -> dict[str, Any]:
-        data = await self.api("/api/v1/rules", type="alert")
-        found = [r for g in data["groups"] for r in g["rules"] if r["name"] == name]
-        assert len(found) == 1, f"rule {name}: {found}"
-        return found[0]
-
-    def log_tail(self) -> str:
-        return "\n".join(self.log.read_text(errors="replace").splitlines()[-30:])
-
-
-@asynccontextmanager
-async def running_prometheus(
-    tmp_path: Path, sidecar_admin: str, rules: list[dict[str, Any]]
-) -> AsyncIterator[Prometheus]:
-    """Debian's prometheus on a free port, scraping the sidecar's admin port every second."""
-    binary = shutil.which("prometheus")
-    if binary is None:
-        pytest.fail("prometheus is missing: `make prometheus` installs Debian's prometheus package", pytrace=False)
-    (tmp_path / "rules.yaml").write_text(yaml.safe_dump({"groups": rules}, sort_keys=False))
-    config = {
-        "global": {"scrape_interval": "1s", "evaluation_interval": "1s", "scrape_timeout": "1s"},
-        "rule_files": [str(tmp_path / "rules.yaml")],
-        "scrape_configs": [
-            {
-                "job_name": "slogate-sidecars",
-                "static_configs": [{"targets": [sidecar_admin.removeprefix("http://")], "labels": TARGET_LABELS}],
-            }
-        ],
-    }
-    (tmp_path / "prometheus.yml").write_text(yaml.safe_dump(config))
-    port = free_port()
-    log = tmp_path / "prometheus.log"
-    with log.open("wb") as out:
-        process = subprocess.Popen(
-            [
-                binary, f"--config.file={tmp_path / 'prometheus.yml'}",
-                f"--storage.tsdb.path={tmp_path / 'data'}", f"--web.listen-address=127.0.0.1:{port}",
-                "--log.level=warn",
-            ],
-            stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
-        )  # fmt: skip
-    url = f"http://127.0.0.1:{port}"
-    try:
-        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as session:
-            prometheus = Prometheus(url, session, log)
-            for _ in range(300):  # generous: Prometheus replays its (empty) WAL first
-                if process.poll() is not None:
-                    pytest.fail(f"prometheus exited ({process.returncode}):\n{prometheus.log_tail()}", pytrace=False)
-                try:
-                    async with session.get(url + "/-/ready") as r:
-                        if r.status == 200:
-                            break
-                except aiohttp.ClientError:
-                    pass
-                await asyncio.sleep(0.1)
-            else:
-                pytest.fail(f"prometheus never became ready:\n{prometheus.log_tail()}", pytrace=False)
-            yield prometheus
-    finally:
-        os.killpg(process.pid, signal.SIGTERM)
-        try:
-            process.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
-
-
-async def wait_for(what: str, check: Any, prometheus: Prometheus, attempts: int = 600) -> Any:
-    """Poll `check()` every 0.2 s until it returns something truthy (bounded, generous)."""
-    for _ in range(attempts):
-        found = await check()
-        if found:
-            return found
-        await asyncio.sleep(0.2)
-    pytest.fail(f"timed out waiting for {what}\nprometheus log:\n{prometheus.log_tail()}", pytrace=False)
 
 
 async def low_load(gate: RunningSidecar, count: int) -> list[int]:
@@ -187,7 +71,7 @@ async def test_shedding_alert_quiet_at_low_load_firing_under_overload(
     thresholds = thresholds_for(calibrated_profile, slo={"ttftSeconds": 2.0}, deferral={"maxWaitSeconds": 0})
     async with (
         sidecar_in_front_of(llama_server.url, tmp_path, thresholds) as gate,
-        running_prometheus(tmp_path, gate.admin_url, rules) as prometheus,
+        running_prometheus(tmp_path, [Target(gate.admin_url, TARGET_LABELS)], rules) as prometheus,
     ):
         # The target is up and its series carry the labels the rules group by.
         up = await wait_for(

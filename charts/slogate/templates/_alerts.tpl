@@ -102,6 +102,46 @@ policy among alerts.groupBy, which "slogate.alertGroups" checks.
 {{- end -}}
 {{- end }}
 
+{{/*
+Shedding (the warning's condition, "slogate.expr.shedding") on a workload whose
+HorizontalPodAutoscaler is in a given state ("slogate.expr.hpaOfWorkload"). The shedding
+ratio is the value; the HPA only selects. Dict: shedding (the dict of "slogate.expr.shedding"),
+hpa (the dict of "slogate.expr.hpaOfWorkload").
+*/}}
+{{- define "slogate.expr.sheddingWithHpa" -}}
+(
+  {{- include "slogate.expr.shedding" .shedding | nindent 2 }}
+)
+and on (namespace, workload)
+{{ include "slogate.expr.hpaOfWorkload" .hpa }}
+{{- end }}
+
+{{/*
+The workloads whose HPA compares its replicas so: kube-state-metrics' status `left`
+(current_replicas) against `right` (spec_max_replicas, status_desired_replicas), per
+(namespace, workload). kube_horizontalpodautoscaler_info names the HPA's target; the
+Deployment is the workload (the PodMonitor's label), whoever made the HPA: the operator's
+engine hpa, KEDA (keda-hpa-<ScaledObject>) or a person. `max by` drops kube-state-metrics'
+own target labels (its pod, instance) and the duplicates of its replicas.
+Dict: left, op, right.
+*/}}
+{{- define "slogate.expr.hpaOfWorkload" -}}
+max by (namespace, workload) (
+  (
+    max by (namespace, horizontalpodautoscaler) (kube_horizontalpodautoscaler_status_{{ .left }})
+    {{ .op }}
+    max by (namespace, horizontalpodautoscaler) (kube_horizontalpodautoscaler_{{ .right }})
+  )
+  * on (namespace, horizontalpodautoscaler) group_left (workload)
+  label_replace(
+    max by (namespace, horizontalpodautoscaler, scaletargetref_name) (
+      kube_horizontalpodautoscaler_info{scaletargetref_kind="Deployment"}
+    ),
+    "workload", "$1", "scaletargetref_name", "(.+)"
+  )
+)
+{{- end }}
+
 {{/* Admitted requests whose first token missed their class's TTFT SLO. Dict: by, alert. */}}
 {{- define "slogate.expr.admittedMissingSlo" -}}
 sum by ({{ .by }}) (rate(slogate_slo_requests_total{result="missed"}[{{ .alert.window }}]))
@@ -151,6 +191,10 @@ increase(slogate_threshold_updates_total{result="rejected"}[{{ .alert.window }}]
 {{- end }}
 {{- end }}
 {{- /* Prometheus template pieces of the annotations: Helm sees them as plain strings. */}}
+{{- if and (or $a.sheddingAtMaxReplicas.enabled $a.sheddingWhileScalingUp.enabled) (not (and (has "namespace" $a.groupBy) (has "workload" $a.groupBy))) }}
+{{- fail "alerts.groupBy must include namespace and workload to join shedding with the workload's HorizontalPodAutoscaler; or disable alerts.sheddingAtMaxReplicas and alerts.sheddingWhileScalingUp" }}
+{{- end }}
+{{- $sheds := dict "by" $by "window" $w "minRate" $a.minRequestsPerSecond "alert" $a.sheddingWarning "severity" "warning" }}
 {{- $value := "{{ $value | humanizePercentage }}" }}
 {{- $pod := "{{ $labels.namespace }}/{{ $labels.pod }}" }}
 {{- $policy := "{{ $labels.namespace }}/{{ $labels.policy }}" }}
@@ -175,6 +219,28 @@ increase(slogate_threshold_updates_total{result="rejected"}[{{ .alert.window }}]
           "summary" (printf "%s refuses %s of requests" $who $value)
           "description" (printf "%s of arrivals at %s were refused over %s, more than %s: a large share of users gets 429s. Scale out now, or find what made the server slower (thresholds, rates)."
                            $value $who $w (include "slogate.sheddingLimitText" (dict "alert" $a.sheddingCritical "field" "rejectionRatioCritical")))) | nindent 4 }}
+{{- if or $a.sheddingAtMaxReplicas.enabled $a.sheddingWhileScalingUp.enabled }}
+- name: slogate-autoscaling
+  rules:
+    {{- with $a.sheddingAtMaxReplicas }}
+    {{- include "slogate.alertRule" (dict "root" $ "values" .
+          "name" "SlogateSheddingAtMaxReplicas"
+          "expr" (include "slogate.expr.sheddingWithHpa" (dict "shedding" $sheds
+                    "hpa" (dict "left" "current_replicas" "op" ">=" "right" "spec_max_replicas")))
+          "summary" (printf "%s refuses %s of requests at its maximum replicas" $who $value)
+          "description" (printf "%s of arrivals at %s were refused over %s, more than %s, while its HorizontalPodAutoscaler runs its maxReplicas: capacity is exhausted and no pod will be added. Raise the autoscaler's maximum (and the nodes to run it), or accept the shedding."
+                           $value $who $w (include "slogate.sheddingLimitText" (dict "alert" $a.sheddingWarning "field" "rejectionRatioWarning")))) | nindent 4 }}
+    {{- end }}
+    {{- with $a.sheddingWhileScalingUp }}
+    {{- include "slogate.alertRule" (dict "root" $ "values" .
+          "name" "SlogateSheddingWhileScalingUp"
+          "expr" (include "slogate.expr.sheddingWithHpa" (dict "shedding" $sheds
+                    "hpa" (dict "left" "current_replicas" "op" "<" "right" "status_desired_replicas")))
+          "summary" (printf "%s refuses %s of requests while scaling up" $who $value)
+          "description" (printf "%s of arrivals at %s were refused over %s, more than %s, while its HorizontalPodAutoscaler wants more replicas than run: expected while new pods start and load the model, but it has lasted %s. See why the new pods are not Ready (Pending, image pull, model load, calibration)."
+                           $value $who $w (include "slogate.sheddingLimitText" (dict "alert" $a.sheddingWarning "field" "rejectionRatioWarning")) (index . "for"))) | nindent 4 }}
+    {{- end }}
+{{- end }}
 - name: slogate-prediction
   rules:
     {{- with $a.admittedMissingSlo }}

@@ -35,6 +35,15 @@ namespace globs, which values.schema.json does not accept.)
 - apiGroups: [""]
   resources: ["secrets"]
   verbs: ["get", "create", "patch"]
+# spec.autoscaling: one KEDA ScaledObject (engine keda) or HPA (engine hpa) per target, kept as
+# the spec says and deleted when disabled; the HPA's desired and current replicas read back
+# (KEDA's own HPA for a ScaledObject). Never the Deployment's replicas: the HPA controller writes those.
+- apiGroups: ["keda.sh"]
+  resources: ["scaledobjects"]
+  verbs: ["list", "create", "patch", "delete"]
+- apiGroups: ["autoscaling"]
+  resources: ["horizontalpodautoscalers"]
+  verbs: ["get", "list", "create", "patch", "delete"]
 # Warning and Normal events on the policies (core and events.k8s.io, as kopf posts).
 - apiGroups: [""]
   resources: ["events"]

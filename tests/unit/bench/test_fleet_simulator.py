@@ -139,7 +139,7 @@ def test_at_the_end_every_pod_and_gate_is_empty(routing: str) -> None:
     result = run.run()
     assert result.rejected > 0
     assert result.completed > 0
-    assert run.inside == 0
+    assert run.tally.inside == 0
     for pod in run.pods:
         assert pod.conns == 0
         assert isinstance(pod.front, SlogateFront)

@@ -2,7 +2,8 @@
 
 Read from the sidecar's own SidecarMetrics after it loaded thresholds (which creates the
 zero series of every outcome, class, result and kind) and from the operator's metrics
-registry, not from a hand-kept list.
+registry, not from a hand-kept list. The kube-state-metrics series the autoscaling alerts
+join with are the one hand-kept list: kube-state-metrics' own table of them.
 """
 
 from __future__ import annotations
@@ -22,7 +23,18 @@ from slogate_sidecar.metrics import SidecarMetrics
 # Labels Prometheus adds at scrape time (PodMonitor relabelling), not the sidecar.
 TARGET_LABELS = frozenset({"namespace", "workload", "pod", "policy", "job", "instance", "container"})
 
-_SELECTOR = re.compile(r"\b(slogate_[a-z0-9_]+)\s*\{([^}]*)\}")
+_HPA = frozenset({"namespace", "horizontalpodautoscaler"})
+KUBE_STATE_METRICS = {
+    "kube_horizontalpodautoscaler_info": _HPA
+    | {"scaletargetref_api_version", "scaletargetref_kind", "scaletargetref_name"},
+    "kube_horizontalpodautoscaler_spec_max_replicas": _HPA,
+    "kube_horizontalpodautoscaler_status_current_replicas": _HPA,
+    "kube_horizontalpodautoscaler_status_desired_replicas": _HPA,
+}
+"""kube-state-metrics' HPA series the alerts read, with their labels, as its
+docs/metrics/workload/horizontalpodautoscaler-metrics.md lists them (v2)."""
+
+_SELECTOR = re.compile(r"\b((?:slogate|kube)_[a-z0-9_]+)\s*\{([^}]*)\}")
 _MATCHER = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)\s*(=~|!~|!=|=)\s*"([^"]*)"')
 
 
@@ -75,11 +87,16 @@ def unknown_references(expr: str) -> list[str]:
     for name in sorted(names):
         if name not in samples and name not in operator and ":" not in name:
             problems.append(f"metric {name} is not exported")
+    for name in sorted(set(re.findall(r"\b(kube_[a-z0-9_]+)\b", expr)) - set(KUBE_STATE_METRICS)):
+        problems.append(f"metric {name} is not one of kube-state-metrics' that the alerts know")
     for name, body in _SELECTOR.findall(expr):
         for label, op, value in _MATCHER.findall(body):
             if label in TARGET_LABELS or label == "le":
                 continue
-            if name in operator:
+            if name in KUBE_STATE_METRICS:
+                if label not in KUBE_STATE_METRICS[name]:
+                    problems.append(f"{name} has no label {label}")
+            elif name in operator:
                 # The operator's series carry their policy's namespace (honorLabels).
                 if label not in operator[name] | {"namespace"}:
                     problems.append(f"{name} has no label {label}")

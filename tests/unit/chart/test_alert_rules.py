@@ -39,6 +39,8 @@ ALERTS = {
     "thresholdsMissing": ("SlogateSidecarWithoutThresholds", None),
     "thresholdsRejected": ("SlogateThresholdsRejected", None),
     "upstreamUnreachable": ("SlogateUpstreamUnreachable", None),
+    "sheddingAtMaxReplicas": ("SlogateSheddingAtMaxReplicas", None),
+    "sheddingWhileScalingUp": ("SlogateSheddingWhileScalingUp", None),
 }
 
 
@@ -87,17 +89,18 @@ def promtool_failures(output: str) -> dict[str, str]:
 
 def test_promtool_fails_when_the_values_move_a_threshold(tmp_path: Path) -> None:
     """The harness can fail: with a 20 % fallback warning ratio, the 10 % cases without the
-    operator's figures stop firing, while those with a policy figure still fire."""
+    operator's figures stop firing (the ceiling alert's too: it reuses the warning's ratio),
+    while those with a policy figure, or 40 % shedding, still fire."""
     values = {"alerts": {"sheddingWarning": {"fallbackRatio": 0.2}}}
     tested = run_promtool("test", "rules", str(write_suite(tmp_path, values)), cwd=tmp_path)
     assert tested.returncode != 0
     failed = promtool_failures(tested.stdout + tested.stderr)
     silenced = sorted(name for name, report in failed.items() if "got:[]" in report)
-    assert [name.split(" ")[0] for name in silenced] == ["deferrals", "moderate"], list(failed)
+    assert [name.split(" ")[0] for name in silenced] == ["ceiling", "deferrals", "moderate"], list(failed)
     # The policy figures (40 % over 5 %, 3 % over a strict 2 %) still fire; only the
     # description, which names the fallback, differs from the pinned text.
     still_firing = sorted(name.split(" ")[0] for name, report in failed.items() if "got:[]" not in report)
-    assert still_firing == ["a", "heavy"], list(failed)
+    assert still_firing == ["a", "heavy", "scale-up"], list(failed)
     for name, report in failed.items():
         if "got:[]" not in report:
             assert "(20% where the operator's figure is not scraped)" in report, name
@@ -227,6 +230,30 @@ def test_per_policy_thresholds_need_policy_in_group_by() -> None:
     }
     groups = rule_groups({"alerts": fixed})
     assert "sum by (namespace, workload)" in alerts_by_name(groups)["SlogateSheddingWarning"]["expr"]
+
+
+def test_the_autoscaling_alerts_join_on_namespace_and_workload_and_need_them_in_group_by() -> None:
+    rules = alerts_by_name(rule_groups())
+    for name, op in (("SlogateSheddingAtMaxReplicas", ">="), ("SlogateSheddingWhileScalingUp", "<")):
+        expr = rules[name]["expr"]
+        # The warning's shedding condition, whole, then the workload's HPA.
+        assert " ".join(rules["SlogateSheddingWarning"]["expr"].split()) in " ".join(expr.split()), name
+        assert "and on (namespace, workload)" in expr
+        assert 'kube_horizontalpodautoscaler_info{scaletargetref_kind="Deployment"}' in expr
+        assert f"\n    {op}\n" in expr, expr
+    without_workload = {"groupBy": ["namespace", "policy"]}
+    with pytest.raises(helm_python.HelmError, match=r"alerts\.groupBy must include namespace and workload"):
+        rule_groups({"alerts": without_workload})
+    off = {"enabled": False, "for": "1m", "severity": "warning"}
+    quiet = {**without_workload, "sheddingAtMaxReplicas": off, "sheddingWhileScalingUp": off}
+    assert "SlogateSheddingWarning" in alerts_by_name(rule_groups({"alerts": quiet}))
+
+
+def test_the_reference_check_knows_kube_state_metrics_names_and_labels() -> None:
+    """The check the autoscaling alerts pass can fail: a misspelt series, a label it lacks."""
+    assert unknown_references('kube_horizontalpodautoscaler_info{scaletargetref_kind="Deployment"}') == []
+    assert unknown_references("kube_horizontalpodautoscaler_status_max_replicas") != []
+    assert unknown_references('kube_horizontalpodautoscaler_spec_max_replicas{scaletargetref_kind="Deployment"}') != []
 
 
 def alerting_defaults_in_crd() -> dict[str, float]:

@@ -1,4 +1,5 @@
-"""The Grafana dashboard: every query parses (promtool) and reads only exported metrics."""
+"""The Grafana dashboard: every query parses (promtool) and reads only exported metrics; the
+autoscaling panel's demand is the operator's query, evaluated by promtool on the same series."""
 
 from __future__ import annotations
 
@@ -7,6 +8,8 @@ from pathlib import Path
 import yaml
 from chart_tools import CHART, concrete, dashboard, dashboard_exprs, one, render, run_promtool
 from sidecar_exposition import unknown_references
+
+from slogate_operator.demand_query import OFFERED_WORK, demand_query
 
 
 def test_dashboard_configmap_carries_grafanas_sidecar_label_and_the_file_verbatim() -> None:
@@ -67,6 +70,8 @@ def test_dashboard_shows_what_the_issue_asks_for() -> None:
         "slogate_thresholds_loaded",
         "slogate_operator_alerting_rejection_ratio",  # each policy's alert ratios
         "slogate_operator_calibrations_total",  # calibrations by outcome
+        OFFERED_WORK,  # the autoscaling demand
+        "slogate_retried_requests_total",  # retry pressure beside it
     }
     assert wanted - set(by_metric) == set()
     reasons = [e for _, e in dashboard_exprs(board) if "slogate_decisions_total" in e]
@@ -82,3 +87,67 @@ def test_dashboard_shows_what_the_issue_asks_for() -> None:
         assert g["x"] + g["w"] <= 24, panel["title"]
         assert not cells & mine, f"panel {panel['title']!r} overlaps another"
         cells |= mine
+
+
+def autoscaling_targets() -> dict[str, str]:
+    """refId -> PromQL of the "Autoscaling" row's panel, Grafana's variables filled in."""
+    (panel,) = [p for p in dashboard()["panels"] if p["title"] == "Demand in pods' worth vs replicas"]
+    return {t["refId"]: concrete(t["expr"]) for t in panel["targets"]}
+
+
+def test_the_autoscaling_panel_reads_the_operators_demand_and_the_pods_with_thresholds(tmp_path: Path) -> None:
+    """promtool evaluates the panel on two pods with thresholds and one without (no series).
+
+    Work 0.75 + 1.25 server-s/s: 2 pods' worth, what the operator's query gives too. First
+    tries 1 + 3 /s at 0.5 server-s each, so 0.5 retries/s weigh 0.25 pods. The capacity
+    gauges (0.5 reference requests/s) are no divisor: requests over them would read 8.
+    """
+    targets = autoscaling_targets()
+    assert set(targets) == {"A", "B", "C"}
+    pod = 'namespace="llm", policy="smollm2", workload="smollm2", pod="{}"'
+    other = 'namespace="llm", policy="other", workload="other", pod="other-1"'
+    # Counters grow per 15 s step: 11.25 server-seconds a step is 0.75 server-s/s.
+    series = {
+        f"{OFFERED_WORK}{{{pod.format('a')}}}": "0+11.25x40",
+        f"{OFFERED_WORK}{{{pod.format('b')}}}": "0+18.75x40",
+        f"{OFFERED_WORK}{{{other}}}": "0+15x40",
+        f"slogate_offered_requests_total{{{pod.format('a')}}}": "0+15x40",
+        f"slogate_offered_requests_total{{{pod.format('b')}}}": "0+45x40",
+        f"slogate_offered_requests_total{{{other}}}": "0+15x40",
+        f"slogate_retried_requests_total{{{pod.format('a')}}}": "0+7.5x40",
+        f"slogate_retried_requests_total{{{pod.format('b')}}}": "0+0x40",
+        f"slogate_retried_requests_total{{{other}}}": "0+0x40",
+        f"slogate_capacity_requests_per_second{{{pod.format('a')}}}": "0.5x40",
+        f"slogate_capacity_requests_per_second{{{pod.format('b')}}}": "0.5x40",
+        f"slogate_capacity_requests_per_second{{{other}}}": "0.5x40",
+    }
+    smollm2 = {"namespace": "llm", "workload": "smollm2"}
+    expected = {
+        targets["A"]: [(smollm2, 2), ({"namespace": "llm", "workload": "other"}, 1)],
+        demand_query("llm", "smollm2", 60): [({}, 2)],
+        targets["B"]: [(smollm2, 2), ({"namespace": "llm", "workload": "other"}, 1)],
+        targets["C"]: [(smollm2, 0.25), ({"namespace": "llm", "workload": "other"}, 0)],
+    }
+    tests = [
+        {
+            "interval": "15s",
+            "input_series": [{"series": name, "values": values} for name, values in series.items()],
+            "promql_expr_test": [
+                {
+                    "expr": expr,
+                    "eval_time": "5m",
+                    "exp_samples": [{"labels": _labels(labels), "value": value} for labels, value in samples],
+                }
+                for expr, samples in expected.items()
+            ],
+        }
+    ]
+    path = tmp_path / "dashboard.test.yaml"
+    path.write_text(yaml.safe_dump({"rule_files": [], "evaluation_interval": "15s", "tests": tests}, sort_keys=False))
+    checked = run_promtool("test", "rules", str(path))
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+
+
+def _labels(labels: dict[str, str]) -> str:
+    """promtool's label set notation: {a="b", ...}."""
+    return "{" + ", ".join(f'{k}="{v}"' for k, v in labels.items()) + "}"

@@ -101,6 +101,7 @@ def test_the_suite_collects_its_steps_in_order(tmp_path: Path) -> None:
         "test_overload_through_the_service_is_shed_with_retry_after",
         "test_shedding_is_counted_in_the_sidecars_metrics",
         "test_new_thread_count_recalibrates_every_sidecar",
+        "test_autoscaling_owns_its_autoscaler_and_never_the_replicas",
         "test_deleting_the_policy_gives_the_service_back_to_llama_server",
     ]
     without = subprocess.run(

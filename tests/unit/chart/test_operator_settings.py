@@ -63,9 +63,11 @@ def test_helm_refuses_a_setting_the_chart_does_not_take(settings: dict[str, Any]
         render({"operator": {"settings": settings}})
 
 
-def changed(name: str) -> int | float:
+def changed(name: str) -> int | float | str:
     """A value of the setting other than its default, that the operator accepts."""
     default = FIELDS[name].default
+    if isinstance(default, str):  # the one text setting: a URL
+        return "https://prometheus.example:9090/"
     assert isinstance(default, int | float), name
     assert not isinstance(default, bool), name
     return default * 3 + 7 if isinstance(default, int) else default * 2.5 + 0.25
@@ -97,7 +99,10 @@ def bounds(key: str) -> tuple[float, float]:
     return low, low - (1 if schema["type"] == "integer" else 1e-6)
 
 
-@pytest.mark.parametrize("key", sorted(SETTINGS_SCHEMA["properties"]))
+NUMBERS = sorted(key for key, schema in SETTINGS_SCHEMA["properties"].items() if schema["type"] != "string")
+
+
+@pytest.mark.parametrize("key", NUMBERS)
 def test_the_schema_bounds_are_the_operators(key: str) -> None:
     validator = jsonschema.Draft7Validator(VALUES_SCHEMA)
     lowest, below = bounds(key)
@@ -114,6 +119,14 @@ def test_the_schema_bounds_are_the_operators(key: str) -> None:
     assert list(validator.iter_errors({"operator": {"settings": {key: below}}}))
     with pytest.raises(SettingsError):
         OperatorSettings.from_env({env: repr(below)})
+
+
+@pytest.mark.parametrize("url", ["prometheus:9090", "http://", "ftp://prometheus", "http://a b"])
+def test_the_schema_and_the_operator_refuse_the_same_prometheus_urls(url: str) -> None:
+    validator = jsonschema.Draft7Validator(VALUES_SCHEMA)
+    assert list(validator.iter_errors({"operator": {"settings": {"prometheusUrl": url}}}))
+    with pytest.raises(SettingsError):
+        OperatorSettings.from_env({ENV_PREFIX + "PROMETHEUS_URL": url})
 
 
 def test_values_that_restate_an_operator_default_agree_with_it() -> None:

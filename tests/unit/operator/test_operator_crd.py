@@ -200,6 +200,18 @@ INVALID: dict[str, Callable[[dict[str, Any]], None]] = {
     "warning not below critical (CEL)": _set("alerting.rejectionRatioWarning", 0.5),
     "warning ratio above one": _set("alerting.rejectionRatioWarning", 1.5),
     "sidecar quantity garbage": _set("sidecar.resources", {"requests": {"cpu": "lots"}}),
+    "autoscaling enabled without maxReplicas (CEL)": _set("autoscaling", {"enabled": True}),
+    "autoscaling maxReplicas below minReplicas (CEL)": _set("autoscaling", {"minReplicas": 3, "maxReplicas": 2}),
+    "autoscaling maxReplicas below the default minReplicas": _set("autoscaling", {"enabled": True, "maxReplicas": 0}),
+    "autoscaling minReplicas zero": _set("autoscaling", {"enabled": True, "minReplicas": 0, "maxReplicas": 2}),
+    "autoscaling unknown engine": _set("autoscaling", {"enabled": True, "maxReplicas": 2, "engine": "vpa"}),
+    "autoscaling target utilization zero": _set("autoscaling", {"maxReplicas": 2, "targetUtilization": 0}),
+    "autoscaling target utilization above one": _set("autoscaling", {"maxReplicas": 2, "targetUtilization": 1.2}),
+    "autoscaling scale-down window above an hour": _set("autoscaling", {"scaleDownStabilizationSeconds": 3601}),
+    "autoscaling scale-up window negative": _set("autoscaling", {"scaleUpStabilizationSeconds": -1}),
+    "autoscaling polling interval zero": _set("autoscaling", {"pollingIntervalSeconds": 0}),
+    "autoscaling metric window zero": _set("autoscaling", {"metricWindowSeconds": 0}),
+    "autoscaling server address not a URL": _set("autoscaling", {"prometheus": {"serverAddress": "prometheus:9090"}}),
 }
 
 
@@ -233,12 +245,19 @@ def test_invalid_variants_are_refused_by_both(case: str) -> None:
         assert list(jsonschema.Draft4Validator(SCHEMA).iter_errors(policy)) == []
 
 
+EVERY_AUTOSCALING_FIELD = {
+    "enabled": True, "engine": "hpa", "minReplicas": 2, "maxReplicas": 2, "targetUtilization": 1,
+    "scaleUpStabilizationSeconds": 3600, "scaleDownStabilizationSeconds": 0, "pollingIntervalSeconds": 1,
+    "metricWindowSeconds": 30, "prometheus": {"serverAddress": "https://prometheus.example:9090/"},
+}  # fmt: skip
 VALID: dict[str, Callable[[dict[str, Any]], None]] = {
     "slo.ttftSeconds for the one class without its own": _all(
         _set("slo.ttftSeconds", 20), _set("classes.1.ttftSeconds", _DELETE)
     ),
     "no slo at all, every class its own ttftSeconds": _set("slo", _DELETE),
     "no classes, slo.ttftSeconds": _all(_set("classes", _DELETE), _set("slo.ttftSeconds", 2)),
+    "autoscaling with every field": _set("autoscaling", EVERY_AUTOSCALING_FIELD),
+    "autoscaling disabled without maxReplicas": _set("autoscaling", {"enabled": False, "minReplicas": 4}),
 }
 
 
@@ -339,8 +358,11 @@ def test_crd_metadata_printer_columns_and_status_conditions() -> None:
     assert version["subresources"] == {"status": {}}
     columns = {c["name"]: c["jsonPath"] for c in version["additionalPrinterColumns"]}
     assert set(columns) == {
-        "Target", "Default-TTFT", "Token-Budget", "Concurrency", "Calibrated", "Pushed", "Ready", "Age",
+        "Target", "Default-TTFT", "Token-Budget", "Concurrency", "Calibrated", "Pushed", "Desired", "Current",
+        "Ready", "Age",
     }  # fmt: skip
+    assert columns["Desired"] == ".status.autoscaling.desiredReplicas"
+    assert columns["Current"] == ".status.autoscaling.currentReplicas"
     # The default class's TTFT SLO as derived, beside the token budget derived from it.
     assert columns["Default-TTFT"] == ".status.thresholds.defaultClassTtftSeconds"
     assert columns["Token-Budget"] == ".status.thresholds.tokenBudget"
