@@ -23,6 +23,13 @@ def retry_after_s(queued_tokens: float, admissible_queued_tokens: float, prefill
     return max(queued_tokens - max(admissible_queued_tokens, 0.0), 0.0) / prefill_tokens_per_s
 
 
+def retry_after_whole_s(seconds: float) -> int:
+    """The Retry-After a client is told: whole seconds (the header's unit), rounded up, and
+    never 0, which would invite an instant retry storm. The sidecar sends it; the simulator's
+    retrying clients wait it."""
+    return max(1, math.ceil(seconds))
+
+
 def retry_amplification(reject_fraction: float) -> float:
     """1 / (1 − p) = 1 + p + p² + …: arrivals per original request when every rejection retries.
 

@@ -17,7 +17,7 @@ and the record of the run (``FleetRecord``).
   idempotency key is the request's number either way, so a refused key is known again at
   the pod that refused it.
 - **Retrying clients** wait what the 429's Retry-After header says (the sidecar's
-  ``retry_after_header``: whole seconds, at least 1) and try again through the router, up
+  ``retry.retry_after_whole_s``: whole seconds, at least 1) and try again through the router, up
   to ``max_retries`` times (the OpenAI SDK's default 2). A 400 (a request no wait would
   help) is not retried.
 - **Signals** (``autoscaler.SIGNALS``) read at each sync: CPU, the busy share of the last
@@ -43,10 +43,10 @@ from dataclasses import dataclass, field
 
 from slogate_admission.decision import Decision, Outcome, Request
 from slogate_admission.demand import Attempt, Capacity, RetryMemory, offered_work_s, reference_capacity
+from slogate_admission.retry import retry_after_whole_s
 from slogate_bench.autoscaler import Hpa, HpaSpec, Signal, average_value_proposal, utilization_proposal
 from slogate_bench.simulated_fronts import SlogateFront
 from slogate_bench.simulated_pod import SimRequest, SimulatedPod
-from slogate_sidecar.responses import retry_after_header
 
 # A request's final outcome, by its first arrival.
 WITHIN, LATE, REFUSED, TIMED_OUT_AT_GATE, TIMED_OUT_FORWARDED, UNSERVABLE = 0, 1, 2, 3, 4, 5
@@ -310,11 +310,11 @@ class Fleet:
     def refused(self, pod: SimulatedPod, req: SimRequest, decision: Decision | None, now: float) -> float | None:
         """``pod`` refused the try: its sidecar remembers the key until its Retry-After (plus
         grace). Returns the client's wait before its next try (None: it will not retry)."""
-        retry_after = None
-        if decision is not None and decision.fits_ever:
-            retry_after = float(retry_after_header(decision.retry_after_s or 0.0))
-        self.lives[pod.index].memory.refused(self.attempt(req), retry_after or 0.0, now)
-        if self.clients is None or retry_after is None or req.retries >= self.clients.max_retries:
+        if decision is None or not decision.fits_ever:
+            return None  # a 400 (or a front that sends no Retry-After): nothing to remember, no retry
+        retry_after = float(retry_after_whole_s(decision.retry_after_s or 0.0))
+        self.lives[pod.index].memory.refused(self.attempt(req), retry_after, now)  # as DemandMeter.answered
+        if self.clients is None or req.retries >= self.clients.max_retries:
             return None
         return retry_after
 

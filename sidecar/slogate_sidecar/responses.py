@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 from aiohttp import web
@@ -10,6 +9,7 @@ from aiohttp.http_exceptions import HttpProcessingError
 from aiohttp.web_protocol import RequestPayloadError
 
 from slogate_admission.decision import Decision
+from slogate_admission.retry import retry_after_whole_s
 
 
 def error(
@@ -48,8 +48,8 @@ def request_timeout() -> web.Response:
 
 
 def retry_after_header(seconds: float) -> str:
-    """Retry-After is whole seconds; never 0, which would invite an instant retry storm."""
-    return str(max(1, math.ceil(seconds)))
+    """The Retry-After header's value (``retry.retry_after_whole_s``)."""
+    return str(retry_after_whole_s(seconds))
 
 
 def decision_details(decision: Decision) -> dict[str, Any]:

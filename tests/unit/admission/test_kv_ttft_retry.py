@@ -6,6 +6,7 @@ from slogate_admission.kv import kv_bytes_per_token, kv_gate, kv_request_bytes, 
 from slogate_admission.retry import (
     effective_arrival_rate,
     retry_after_s,
+    retry_after_whole_s,
     retry_amplification,
     retry_budget_allows,
 )
@@ -100,3 +101,8 @@ def test_retry_budget_is_ten_percent() -> None:
     assert retry_budget_allows(9, 100)
     assert not retry_budget_allows(10, 100)
     assert not retry_budget_allows(0, 5)
+
+
+@pytest.mark.parametrize(("seconds", "header"), [(0.0, 1), (0.2, 1), (1.0, 1), (1.01, 2), (7.5, 8)])
+def test_retry_after_is_whole_seconds_rounded_up_and_never_zero(seconds: float, header: int) -> None:
+    assert retry_after_whole_s(seconds) == header

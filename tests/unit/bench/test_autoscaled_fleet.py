@@ -6,39 +6,24 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-from datetime import UTC, datetime
 from typing import Any
 
 import numpy as np
 import pytest
 
-from canned_profiles import smollm2_profile
+from chat_fleet import CHAT, SERVER, SLO_S, thresholds
 from project_files import ROOT
 from slogate_admission.demand import offered_work_s
-from slogate_admission.derivation import derive_thresholds
-from slogate_admission.schema import Policy, Thresholds
 from slogate_bench import autoscale_report
 from slogate_bench.arrivals import RateCurve, arrivals
 from slogate_bench.autoscale_scenarios import oracle_replicas, pod_seconds, recovery_s, steady_mask
 from slogate_bench.autoscaler import HpaSpec, Signal
-from slogate_bench.capacity import ServerModel, capacity_rps
-from slogate_bench.lengths import TokenLengths
+from slogate_bench.capacity import capacity_rps
 from slogate_bench.scenario import SimulationConfig, SimulationResult
 from slogate_bench.simulated_fleet import OUTCOMES, Autoscaling, FleetRecord, RetryingClients
 from slogate_bench.simulated_fronts import Gated, SlogateFront
 from slogate_bench.simulated_routing import Routing
 from slogate_bench.simulator import simulate
-from slogate_bench.workloads import Workload
-
-SLO_S = 2.0
-SERVER = ServerModel.from_profile(smollm2_profile())
-CHAT = Workload(TokenLengths(100, 400), TokenLengths(32, 128))
-
-
-def thresholds() -> Thresholds:
-    policy = Policy.model_validate({"slo": {"ttftSeconds": SLO_S}})
-    return derive_thresholds(policy, smollm2_profile(), derived_at=datetime(2026, 1, 1, tzinfo=UTC))
-
 
 MU = capacity_rps(SERVER, CHAT, thresholds().concurrency_cap)
 

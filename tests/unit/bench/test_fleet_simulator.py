@@ -6,16 +6,13 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
 
 from canned_profiles import smollm2_profile
-from slogate_admission.derivation import derive_thresholds
+from chat_fleet import CHAT, SERVER, SLO_S, thresholds
 from slogate_admission.queueing import erlang_b
-from slogate_admission.schema import Policy, Thresholds
-from slogate_bench.capacity import ServerModel
 from slogate_bench.lengths import TokenLengths
 from slogate_bench.limits import CountCap
 from slogate_bench.scenario import SimulationConfig, SimulationResult, config_for_load
@@ -24,15 +21,6 @@ from slogate_bench.simulated_routing import ROUTINGS, LeastKey, Router, Routing
 from slogate_bench.simulator import _Simulation, simulate
 from slogate_bench.workloads import Workload
 from slogate_cli.main import main
-
-SLO_S = 2.0
-SERVER = ServerModel.from_profile(smollm2_profile())
-CHAT = Workload(TokenLengths(100, 400), TokenLengths(32, 128))
-
-
-def thresholds() -> Thresholds:
-    policy = Policy.model_validate({"slo": {"ttftSeconds": SLO_S}})
-    return derive_thresholds(policy, smollm2_profile(), derived_at=datetime(2026, 1, 1, tzinfo=UTC))
 
 
 def fleet(routing: str, *, replicas: int = 6, load: float = 1.0, duration_s: float = 900.0, seed: int = 3,
