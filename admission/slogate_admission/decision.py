@@ -40,6 +40,9 @@ class Reason(StrEnum):
     QUEUE_FULL = "queue_full"
     """Deferral would put more requests ahead of it than its class's L_max: the server
     would not free a slot for it within its SLO."""
+    TENANT_SHARE = "tenant_share"
+    """Its tenant would hold more than its weighted fair share of the class's queued prompt
+    tokens while other tenants are active there (``tenant_shares``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,6 +114,8 @@ class Request:
     class_name: str | None = None
     waited_s: float = 0.0
     """Time already spent deferred: it counts against the request's TTFT."""
+    tenant: str | None = None
+    """Who sent it, for fair shares (``tenant_shares``); None: no tenant named."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -20,6 +20,7 @@ from slogate_admission.schema import (
     Thresholds,
 )
 from slogate_admission.service import DecodeCurve, PrefillCurve, server_seconds_per_request
+from slogate_admission.tenant_schema import TenantsPolicy, TenantThresholds
 from slogate_admission.ttft import token_budget
 
 DEFAULT_CLASS_NAME = "default"
@@ -175,6 +176,28 @@ def derive_thresholds(
         reference_output_tokens=n_out_ref,
         ttft_quantile=policy.slo.quantile,
         ttft_margin_prior=ttft_margin_prior(profile, n_ref, policy.slo.quantile),
+        tenants=tenant_thresholds(policy.tenants, rate / decode.aggregate_tokens_per_s(cap)),
+    )
+
+
+def tenant_thresholds(tenants: TenantsPolicy | None, measured_output_weight: float) -> TenantThresholds | None:
+    """The tenant policy a gate enforces, its output weight resolved.
+
+    Unset by the user, an output token weighs what it costs the server against a prompt
+    token, both in server-seconds at the concurrency cap B: (1 / (B · r_decode(B))) / (1 / R)
+    = R / (B · r_decode(B)) (``service.server_seconds_per_request``'s two terms per token).
+    The served-token counters then count server time, the resource tenants share.
+    """
+    if tenants is None:
+        return None
+    measured = tenants.output_weight is None
+    return TenantThresholds(
+        header=tenants.header,
+        weights=dict(tenants.weights),
+        max_tracked=tenants.max_tracked,
+        output_weight=measured_output_weight if measured else tenants.output_weight,
+        output_weight_measured=measured,
+        half_life_seconds=tenants.half_life_seconds,
     )
 
 

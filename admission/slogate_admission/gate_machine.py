@@ -17,10 +17,11 @@ import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from slogate_admission.decision import Decision, GateConfig, LiveState, Outcome, Request, decide
-from slogate_admission.deferral_queue import DeferralQueue, Waiter
+from slogate_admission.decision import Decision, GateConfig, LiveState, Outcome, Reason, Request, decide
+from slogate_admission.deferral_queue import DeferralQueue, Waiter, arrival_order
 from slogate_admission.ledger import Ledger, Ticket
 from slogate_admission.schema import Thresholds
+from slogate_admission.tenant_shares import Account, TenantShares, share_retry_after_s
 from slogate_admission.ttft_error import TtftErrorModel
 
 RateSource = Callable[[float], float | None]
@@ -62,6 +63,8 @@ class GateMachine:
         service, and each class admits against its margin for the SLO's quantile."""
         self.ledger = Ledger()
         self.queue = DeferralQueue()
+        self.tenants: TenantShares | None = None
+        """The books by tenant, when the thresholds carry a tenant policy (``tenant_shares``)."""
         self.thresholds: Thresholds | None = None
         self._config: GateConfig | None = None
         self._ranks: dict[str, int] = {}
@@ -110,26 +113,59 @@ class GateMachine:
             )
         self._config = GateConfig.from_thresholds(thresholds)
         self._ranks = {c.name: rank for rank, c in enumerate(thresholds.classes)}
+        if thresholds.tenants is None:
+            self.tenants = None
+        elif self.tenants is None:
+            self.tenants = TenantShares(thresholds.tenants, now)
+        else:
+            self.tenants.reconfigure(thresholds.tenants, now)
+        self.queue.priority = self.tenants.priority if self.tenants is not None else arrival_order
         self.thresholds = thresholds
         return self._wake(now)
 
     def arrive(self, request: Request, now: float) -> Verdict:
         """Judge an arrival: admit (book a ticket), defer (queue a waiter) or reject."""
-        decision = self.decide(request, now)
+        account = self._arrival(request, now)
+        decision = self.decide(request, now, account=account)
         if decision.outcome is Outcome.ADMIT:
-            return Verdict(decision, ticket=self._admit(decision, request, now))
+            return Verdict(decision, ticket=self._admit(decision, request, now, account))
         if decision.outcome is Outcome.REJECT:
+            self._refused(account, request, decision)
             return Verdict(decision)
         rank = self._ranks.get(decision.class_name, len(self._ranks))
-        waiter = Waiter(rank, request, now, now + decision.max_wait_s, decision)
+        waiter = Waiter(rank, request, now, now + decision.max_wait_s, decision, account)
         self.queue.push(waiter)
+        if self.tenants is not None and account is not None:
+            self.tenants.hold(account, decision.class_name, request.prompt_tokens)
         return Verdict(decision, waiter=waiter)
+
+    def precheck(self, request: Request, now: float, counted_as: int) -> Decision:
+        """An arrival judged before its prompt is counted, on ``request`` without its prompt
+        tokens: they only make matters worse, so a refusal here is final (the sidecar then
+        spares llama-server the /tokenize call). Books nothing but what an arrival books of
+        its tenant: active from now, and a refusal counted at ``counted_as`` prompt tokens
+        (the estimate it is known by). One that passes comes back through ``arrive``."""
+        account = self._arrival(request, now)
+        decision = self.decide(request, now, account=account)
+        if decision.outcome is Outcome.REJECT:
+            self._refused(account, dataclasses.replace(request, prompt_tokens=counted_as), decision)
+        return decision
+
+    def _arrival(self, request: Request, now: float) -> Account | None:
+        """Its tenant's account, active in its class from now; None without tenants."""
+        if self.tenants is None:
+            return None
+        account = self.tenants.account(request.tenant, now)
+        self.tenants.arrived(account, self.config.limits_for(request.class_name).name, now)
+        return account
 
     def first_token(self, ticket: Ticket, now: float) -> list[Resolution]:
         """The request's first token came: its prompt left the prefill queue, and its
         prediction is judged (``ttft_error``)."""
         if not self.ledger.first_token(ticket):
             return []
+        if self.tenants is not None and ticket.account is not None:
+            self.tenants.unhold(ticket.account, ticket.class_name, ticket.prompt_tokens, ended=False)
         if self.errors is not None and self._config is not None:
             slo = self._config.limits_for(ticket.class_name).ttft_slo_s
             self.errors.observe(
@@ -137,9 +173,21 @@ class GateMachine:
             )
         return self._wake(now)
 
-    def release(self, ticket: Ticket, now: float) -> list[Resolution]:
-        """The request ended, however it ended: its slot and KV return."""
-        return self._wake(now) if self.ledger.release(ticket) else []
+    def release(self, ticket: Ticket, now: float, output_tokens: int | None = None) -> list[Resolution]:
+        """The request ended, however it ended: its slot and KV return. ``output_tokens``:
+        what it generated, when known (its tenant was charged the booked n_out)."""
+        prefilling = ticket.queued
+        if not self.ledger.release(ticket):
+            return []
+        account = ticket.account
+        if self.tenants is not None and account is not None:
+            if prefilling:
+                self.tenants.unhold(account, ticket.class_name, ticket.prompt_tokens, ended=False)
+            self.tenants.ended(account, ticket.class_name)
+            if output_tokens is not None:
+                self.tenants.correct_output(account, ticket.output_tokens, output_tokens, now)
+                self.queue.reprioritize(account)
+        return self._wake(now)
 
     def expire(self, waiter: Waiter, now: float) -> Resolution | None:
         """The waiter's deadline passed: judged once more, admitted if it fits now, else
@@ -149,8 +197,10 @@ class GateMachine:
         decision = self._judge(waiter, now)
         self._dequeue(waiter)
         if decision.outcome is Outcome.ADMIT:
-            return Resolution(waiter, decision, self._admit(decision, waiter.request, now))
-        return Resolution(waiter, decision._replace(outcome=Outcome.REJECT), None)
+            return Resolution(waiter, decision, self._admit(decision, waiter.request, now, waiter.account))
+        refusal = decision._replace(outcome=Outcome.REJECT)
+        self._refused(waiter.account, waiter.request, refusal)
+        return Resolution(waiter, refusal, None)
 
     def cancel(self, waiter: Waiter) -> bool:
         """The waiter's client left. True if it was still queued."""
@@ -158,44 +208,130 @@ class GateMachine:
 
     # ------------------------------------------------------------------ judging
 
-    def decide(self, request: Request, now: float, deferred_ahead: int | None = None) -> Decision:
+    def decide(
+        self,
+        request: Request,
+        now: float,
+        deferred_ahead: int | None = None,
+        account: Account | None = None,
+        *,
+        waiting: bool = False,
+    ) -> Decision:
         """The core's decision on the live state at ``now``, booking nothing.
 
-        ``deferred_ahead``: the waiters it would queue behind; None: an arrival's (the
-        waiters of its class and above).
+        ``deferred_ahead``: the waiters it would queue behind; None: an arrival's (those of its
+        class and above, as fair turns go). ``account``: its tenant's, when tenants are told
+        apart: the share rule then applies (``tenant_shares``). ``waiting``: it is a deferred
+        request judged again (its tokens are already in its tenant's holdings).
         """
         config, errors = self.config, self.errors
         assert errors is not None  # loaded with the thresholds, as the config is
         class_name = config.limits_for(request.class_name).name
         if deferred_ahead is None:
-            deferred_ahead = self.queue.count_at_or_above(self._ranks.get(class_name, len(self._ranks)))
+            deferred_ahead = self.queue.count_at_or_above(self._ranks.get(class_name, len(self._ranks)), account)
         live = self.prefill_rate(now)
         rate = (live if live is not None else config.prefill_tokens_per_s) / errors.bias.factor(self.ledger.streams)
-        state = self.ledger.snapshot(now, rate, deferred_ahead, errors.margin(class_name))
-        return decide(config, request, state, now)
+        margin = errors.margin(class_name)
+        state = self.ledger.snapshot(now, rate, deferred_ahead, margin)
+        decision = decide(config, request, state, now)
+        if account is None or self.tenants is None or not decision.fits_ever:
+            return decision
+        return self._share(
+            decision, request, account, rate / margin, waiting=waiting, first=deferred_ahead == 0, now=now
+        )
+
+    def _share(
+        self,
+        decision: Decision,
+        request: Request,
+        account: Account,
+        depth_rate: float,
+        *,
+        waiting: bool,
+        first: bool,
+        now: float,
+    ) -> Decision:
+        """The tenant rules on top of ``decide``'s verdict (``tenant_shares``).
+
+        Share: the class's budget in queue tokens is what ``decide`` lets the queue hold,
+        budget / m · R (``depth_rate`` = R / m); past its share a tenant is refused (or, deferred,
+        waits on while others pass it). Turn: a tenant under its share of the class's streams
+        and first in line (``first``: nothing deferred ahead of it) may wait for the soonest
+        stream to end, when that is expected within its SLO's slack, where the class's L_max
+        (sized for the reference request at the policy's μ) would refuse it: the slot that
+        frees is its own, so the wait is the soonest end, not μ's average."""
+        tenants = self.tenants
+        assert tenants is not None
+        n = request.prompt_tokens
+        budget = decision.ttft_budget_s * depth_rate
+        excess = tenants.excess_tokens(account, decision.class_name, n, budget, n if waiting else 0)
+        if excess > 0:
+            active = tenants.active_weight(decision.class_name)
+            retry = max(decision.retry_after_s or 0.0, share_retry_after_s(excess, depth_rate, account.weight, active))
+            reasons = (*decision.reasons, Reason.TENANT_SHARE)
+            if waiting and decision.outcome is not Outcome.REJECT:
+                # A deferred request over its share waits on; others pass it (``_wake``).
+                return decision._replace(outcome=Outcome.DEFER, reasons=reasons, retry_after_s=retry)
+            return decision._replace(
+                outcome=Outcome.REJECT, reasons=reasons, retry_after_s=retry, max_wait_s=0.0, defer_deadline=None
+            )
+        if Reason.QUEUE_FULL not in decision.reasons or not first:
+            return decision
+        if not tenants.under_stream_share(account, decision.class_name, decision.concurrency_cap):
+            return decision
+        limits = self.config.limits_for(decision.class_name)
+        slack = min(self.config.max_wait_s, limits.ttft_slo_s - decision.predicted_ttft_quantile_s)
+        if slack <= 0 or self.ledger.next_release_s(now) > slack:
+            return decision
+        reasons = tuple(r for r in decision.reasons if r is not Reason.QUEUE_FULL)
+        return decision._replace(outcome=Outcome.DEFER, reasons=reasons, max_wait_s=slack, defer_deadline=now + slack)
 
     def _judge(self, waiter: Waiter, now: float) -> Decision:
         """A waiter's decision now: its wait so far counts against its TTFT."""
         request = dataclasses.replace(waiter.request, waited_s=now - waiter.arrived_at)
-        return self.decide(request, now, self.queue.count_ahead_of(waiter))
+        return self.decide(request, now, self.queue.count_ahead_of(waiter), waiter.account, waiting=True)
 
     def _wake(self, now: float) -> list[Resolution]:
-        """Judge waiters in priority order; stop at the first that must still wait."""
+        """Judge waiters in priority order; stop at the first that must still wait for the
+        server. One that waits only for its tenant's share is passed over, with its tenant."""
         if self._config is None:
             return []
         resolved: list[Resolution] = []
-        for waiter in self.queue.in_priority_order():
-            decision = self._judge(waiter, now)
-            if decision.outcome is Outcome.DEFER:
-                break
-            self._dequeue(waiter)
-            ticket = self._admit(decision, waiter.request, now) if decision.outcome is Outcome.ADMIT else None
-            resolved.append(Resolution(waiter, decision, ticket))
+        for rank in self.queue.ranks():
+            passed: set[Account | None] = set()
+            while (waiter := self.queue.next_in(rank, passed)) is not None:
+                decision = self._judge(waiter, now)
+                if decision.outcome is Outcome.DEFER:
+                    if decision.reasons == (Reason.TENANT_SHARE,):
+                        passed.add(waiter.account)
+                        continue
+                    return resolved
+                self._dequeue(waiter)
+                ticket = None
+                if decision.outcome is Outcome.ADMIT:
+                    ticket = self._admit(decision, waiter.request, now, waiter.account)
+                else:
+                    self._refused(waiter.account, waiter.request, decision)
+                resolved.append(Resolution(waiter, decision, ticket))
         return resolved
 
-    def _admit(self, decision: Decision, request: Request, now: float) -> Ticket:
+    def _admit(self, decision: Decision, request: Request, now: float, account: Account | None) -> Ticket:
         decode_s = decision.output_tokens * self.config.decode.seconds_per_token(decision.streams_after)
-        return self.ledger.admit(decision, request.prompt_tokens, now, decode_s)
+        ticket = self.ledger.admit(decision, request.prompt_tokens, now, decode_s, account)
+        if self.tenants is not None and account is not None:
+            self.tenants.hold(account, decision.class_name, request.prompt_tokens)
+            self.tenants.started(account, decision.class_name)
+            self.tenants.charge(account, request.prompt_tokens, decision.output_tokens, now)
+            self.tenants.admitted(account, request.prompt_tokens)
+            self.queue.reprioritize(account)
+        return ticket
+
+    def _refused(self, account: Account | None, request: Request, decision: Decision) -> None:
+        if self.tenants is not None and account is not None:
+            self.tenants.refused(account, request.prompt_tokens, share=Reason.TENANT_SHARE in decision.reasons)
 
     def _dequeue(self, waiter: Waiter) -> bool:
-        return self.queue.remove(waiter)
+        removed = self.queue.remove(waiter)
+        if removed and self.tenants is not None and waiter.account is not None:
+            self.tenants.unhold(waiter.account, waiter.first.class_name, waiter.request.prompt_tokens, ended=True)
+        return removed

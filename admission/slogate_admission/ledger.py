@@ -11,6 +11,7 @@ counter negative, and after any load with nothing in flight every counter is zer
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from slogate_admission.decision import Decision, LiveState
 
@@ -36,6 +37,8 @@ class Ticket:
     """Its prompt still waits for (or is in) prefill: it counts in the queued tokens."""
     active: bool = True
     """It still holds a stream slot and its KV reservation."""
+    account: Any = None
+    """Its tenant's account (``tenant_shares.Account``); None without tenants."""
 
 
 @dataclass(slots=True)
@@ -47,8 +50,9 @@ class Ledger:
     reserved_kv_tokens: int = 0
     _tickets: set[Ticket] = field(default_factory=set)
 
-    def admit(self, decision: Decision, prompt_tokens: int, now: float, decode_s: float) -> Ticket:
-        """Book an admitted request. ``decode_s``: its expected decode time after TTFT."""
+    def admit(self, decision: Decision, prompt_tokens: int, now: float, decode_s: float, account: Any = None) -> Ticket:
+        """Book an admitted request. ``decode_s``: its expected decode time after TTFT;
+        ``account``: its tenant's, when tenants are told apart."""
         ticket = Ticket(
             class_name=decision.class_name,
             prompt_tokens=prompt_tokens,
@@ -59,6 +63,7 @@ class Ledger:
             streams_before=decision.streams_after - 1,
             admitted_at=now,
             expected_end=now + decision.predicted_ttft_s + decode_s,
+            account=account,
         )
         self.queued_prefill_tokens += prompt_tokens
         self.streams += 1

@@ -10,32 +10,12 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
-from pydantic.alias_generators import to_camel
+from pydantic import Field, model_validator
 
 from slogate_admission.output_tokens import OutputTokenEstimate
 from slogate_admission.service import PrefillCurve
-
-# Strict: a JSON `false` is not 0 seconds (lax float parsing would take it); ints still are.
-PositiveSeconds = Annotated[float, Field(gt=0, allow_inf_nan=False, strict=True)]
-NonNegativeSeconds = Annotated[float, Field(ge=0, allow_inf_nan=False, strict=True)]
-Quantile = Annotated[float, Field(gt=0, lt=1)]
-SloQuantile = Annotated[float, Field(ge=0.5, lt=1)]
-"""A TTFT SLO's quantile: a median or above (below, the gate would admit past its own prediction)."""
-ClassName = Annotated[str, Field(pattern=r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")]
-
-
-class Model(BaseModel):
-    """Base: frozen, strict about unknown fields, camelCase on the wire."""
-
-    model_config = ConfigDict(
-        frozen=True,
-        extra="forbid",
-        alias_generator=to_camel,
-        populate_by_name=True,
-        ser_json_inf_nan="strings",
-    )
-
+from slogate_admission.tenant_schema import TenantsPolicy, TenantThresholds
+from slogate_admission.wire import ClassName, Model, NonNegativeSeconds, PositiveSeconds, Quantile, SloQuantile
 
 # --------------------------------------------------------------------------- policy
 
@@ -112,6 +92,8 @@ class Policy(Model):
     """The class of requests that name none (or an unknown one). Unset: the lowest class."""
     deferral: DeferralPolicy = DeferralPolicy()
     degradation: DegradationPolicy = DegradationPolicy()
+    tenants: TenantsPolicy | None = None
+    """Fair shares between tenants within a class. Unset: tenants are not told apart."""
 
     @model_validator(mode="after")
     def _classes_are_consistent(self) -> Policy:
@@ -277,7 +259,7 @@ class CalibrationProfile(Model):
     decode: tuple[DecodePoint, ...]
     kv: KVInfo
     tokens_per_char: TokensPerChar | None = None
-    fingerprint_inputs: dict[str, str] = {}
+    fingerprint_inputs: dict[str, str] = Field(default_factory=dict)
     duration_s: NonNegativeSeconds = 0.0
     confidence: CalibrationConfidence | None = None
     """How well the timings agreed; None in profiles from before it was recorded."""
@@ -360,6 +342,8 @@ class Thresholds(Model):
     ttft_margin_prior: Annotated[float, Field(ge=1, allow_inf_nan=False)] = 1.0
     """The TTFT margin before the gate has judged enough first tokens: the calibration's own
     timing noise at ``ttft_quantile`` (derivation.ttft_margin_prior)."""
+    tenants: TenantThresholds | None = None
+    """Fair shares between tenants (``tenant_shares``); None: tenants are not told apart."""
 
     @property
     def prefill_curve(self) -> PrefillCurve:

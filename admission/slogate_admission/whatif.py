@@ -11,6 +11,11 @@ A request that can never fit gets the sidecar's verdict for it (its 400,
 wait helps. Never fits: its own prefill alone exceeds the TTFT SLO, or prompt +
 output exceed one slot's context (``slot_tokens``) or the whole KV cache
 (``kv_capacity_bytes``).
+
+With tenants (``tenant_shares``): give what the request's tenant holds of the class's queued
+prompt tokens and the weights of the tenants active there; the token budget is the SLO
+times the rate. Over its share the verdict says ``tenant_share``, and the Retry-After is
+the later of the TTFT's and the tenant's own excess drained at its fair part of the rate.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ from slogate_admission.queueing import (
     utilization,
 )
 from slogate_admission.retry import effective_arrival_rate, retry_after_s, retry_amplification
+from slogate_admission.tenant_shares import share_excess_tokens, share_retry_after_s
 from slogate_admission.ttft import max_queued_tokens, predicted_ttft_s, queue_wait_s, ttft_admits
 
 JSONValue = float | int | bool | str | list[str] | None
@@ -54,6 +60,10 @@ class WhatIfInputs:
     service_rate: float | None = None
     w_max: float | None = None
     reject_fraction: float | None = None
+    tenant_held_tokens: float | None = None
+    tenant_weight: float = 1.0
+    active_tenant_weight: float | None = None
+    """Σ w of the tenants active in the class, this one's included."""
 
 
 def _finite(value: float) -> float | None:
@@ -73,6 +83,8 @@ class _Report:
     never_fits: bool = False
     """A predicate fails however empty the server is: no retry helps."""
     max_queued: float | None = None
+    share_retry_s: float = 0.0
+    """Over its tenant's share: seconds until its own excess drains (else 0)."""
 
     def lacks(self, **inputs: object) -> bool:
         """Record the absent inputs; True if any is absent."""
@@ -160,6 +172,32 @@ def _concurrency_section(i: WhatIfInputs, r: _Report) -> None:
         r.reasons.append("concurrency")
 
 
+def _tenant_section(i: WhatIfInputs, r: _Report) -> None:
+    """Tenant shares: share = SLO · rate · w / Σ_active w; over it, ``tenant_share``."""
+    held, active, rate, slo, n = (
+        i.tenant_held_tokens,
+        i.active_tenant_weight,
+        i.prefill_tps,
+        i.ttft_slo,
+        i.prompt_tokens,
+    )
+    if held is None and active is None:
+        return  # no tenants in this question
+    absent = r.lacks(
+        tenant_held_tokens=held, active_tenant_weight=active, prefill_tps=rate, ttft_slo=slo, prompt_tokens=n
+    )
+    if absent or held is None or active is None or rate is None or slo is None or n is None:
+        return
+    share = slo * rate * i.tenant_weight / max(active, i.tenant_weight)
+    excess = share_excess_tokens(held, n, i.tenant_weight, active, slo * rate)
+    r.values["tenant_share_tokens"] = share
+    r.values["tenant_excess_tokens"] = max(excess, 0.0)
+    r.checked = True
+    if excess > 0:
+        r.reasons.append("tenant_share")
+        r.share_retry_s = share_retry_after_s(excess, rate, i.tenant_weight, active)
+
+
 def _verdict_section(i: WhatIfInputs, r: _Report) -> None:
     """admit = every evaluable predicate holds; Retry-After when it does not."""
     if not r.checked:
@@ -175,7 +213,8 @@ def _verdict_section(i: WhatIfInputs, r: _Report) -> None:
     # Rejected on TTFT: until the queue drains to this request's budget. Rejected on
     # capacity only: the spec's rough queued / throughput. Admitted: 0.
     admissible = r.max_queued if "ttft" in r.reasons and r.max_queued is not None else 0.0
-    r.values["retry_after_s"] = retry_after_s(i.queued_tokens, admissible, i.prefill_tps) if r.reasons else 0.0
+    ttft_retry = retry_after_s(i.queued_tokens, admissible, i.prefill_tps) if set(r.reasons) - {"tenant_share"} else 0.0
+    r.values["retry_after_s"] = max(ttft_retry, r.share_retry_s) if r.reasons else 0.0
 
 
 def _queueing_section(i: WhatIfInputs, r: _Report) -> None:
@@ -207,6 +246,7 @@ SECTIONS = (
     _ttft_section,
     _kv_section,
     _concurrency_section,
+    _tenant_section,
     _verdict_section,
     _queueing_section,
     _retry_section,

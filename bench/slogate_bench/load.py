@@ -77,6 +77,8 @@ class Result:
     upstreams: str | None = None
     """The balancer's ``TRIED_HEADER`` on the last attempt's answer: the pods nginx tried, in order
     (None: no balancer, or no answer's headers came before the client gave up)."""
+    tenant: str | None = None
+    """The tenant it was sent for (``Arrival.tenant``)."""
 
     @property
     def tries(self) -> int:
@@ -165,7 +167,7 @@ async def request_with_retries(
     budget = budget if budget is not None else RetryBudget(policy.budget_ratio)
     budget.request()
     body = _body(arrival.prompt(), arrival.max_tokens)
-    headers = {"X-Slogate-Class": arrival.class_name} if arrival.class_name else {}
+    headers = arrival.headers()
     started = loop.time()
     deadline = started + timeout_s
     rejections: list[float] = []
@@ -197,6 +199,7 @@ async def request_with_retries(
             arrival.max_tokens,
             done.predicted_ttft_s,
             upstreams=done.upstreams,
+            tenant=arrival.tenant,
         )
 
 

@@ -22,7 +22,7 @@ from slogate_bench.figures import simulated_time_in_system as simulated_w
 from slogate_bench.intervals import compare
 from slogate_bench.load import OUTCOME_COLUMNS, outcome_counts
 from slogate_bench.points import Key, Point, find, points, trace_bounds
-from slogate_bench.report_sections import deferral_section, promise_section
+from slogate_bench.report_sections import deferral_section, promise_section, tenants_sections
 from slogate_bench.targets import BASELINES, overhead_targets, quantile, targets
 from slogate_bench.workloads import DESCRIPTIONS, preset
 
@@ -237,6 +237,7 @@ def write_report(
         extra = plot_dir / name  # `make bench-promise`, `make bench-deferral`
         if extra.exists():
             lines += section(json.loads(extra.read_text()))
+    lines += tenants_sections(plot_dir)  # `make bench-tenants`, `make bench-tenants-sim`
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text("\n".join(lines))
 

@@ -1,14 +1,20 @@
-"""The benchmark report's sections from the side benchmarks: the SLO promise and deferral.
+"""The benchmark report's sections from the side benchmarks: the SLO promise, deferral, tenants.
 
 Each renders a results file its own command writes (``promise``: make bench-promise;
-``deferral``: make bench-deferral) into docs/benchmarks.md, every request accounted for.
+``deferral``: make bench-deferral; ``tenants``: make bench-tenants and make bench-tenants-sim)
+into docs/benchmarks.md, every request accounted for.
 """
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any
 
 from slogate_bench.load import OUTCOME_COLUMNS, outcome_counts
+from slogate_bench.noisy_neighbour_report import HEADING as TENANTS_HEADING
+from slogate_bench.noisy_neighbour_report import tenants_section
+from slogate_bench.tenant_simulation_report import tenant_simulation_section
 
 
 def _fmt(value: float | None, unit: str = "", digits: int = 2) -> str:
@@ -91,4 +97,19 @@ def deferral_section(raw: dict[str, Any]) -> list[str]:
         ]  # fmt: skip
         lines.append("| " + " | ".join(str(c) for c in cells) + " |")
     lines.append("")
+    return lines
+
+
+TENANTS_MEASURED, TENANTS_SIMULATED = "tenants.json", "tenants-simulated.json"
+"""The tenants' results files, beside the suite's (``noisy_neighbour``, ``tenant_simulation``)."""
+
+
+def tenants_sections(bench_dir: Path) -> list[str]:
+    """The "Tenants" section: the noisy neighbour measured (``tenants.json``), then the simulated
+    subsection (``tenants-simulated.json``); nothing of a file that is absent."""
+    measured, simulated = bench_dir / TENANTS_MEASURED, bench_dir / TENANTS_SIMULATED
+    lines = tenants_section(json.loads(measured.read_text())) if measured.exists() else []
+    if simulated.exists():
+        lines = lines or [TENANTS_HEADING, ""]
+        lines += tenant_simulation_section(json.loads(simulated.read_text()))
     return lines

@@ -3,7 +3,8 @@
 Plain frozen structures; the workload is the load generator's own (``workloads``), μ is
 ``capacity.capacity_rps``, the count cap ``limits.CountCap``. The event loop that uses
 them is ``slogate_bench.simulator``. A run draws its own Poisson arrivals from the seed, or
-replays an explicit ``trace`` (the very schedule a measured run sent, ``trace_of``).
+replays an explicit ``trace`` (the very schedule a measured run sent, ``trace_of``). A trace's
+arrivals may name their tenant: the gate is then told it, and the result counts per tenant.
 """
 
 from __future__ import annotations
@@ -55,14 +56,30 @@ class Traced:
     """n_in."""
     max_tokens: int
     """n_out, generated in full."""
+    tenant: str | None = None
+    """Who sent it (``workloads.Arrival.tenant``): the gate's tenant, and the result's per-tenant
+    counts; None: no tenant named."""
 
 
-def trace_of(arrivals: Iterable[ArrivalLike | tuple[float, int, int]]) -> tuple[Traced, ...]:
-    """A trace from a measured run's schedule (``workloads.schedule``) or (time, n_in, n_out)
-    triples, in time order (stable: equal times keep their order). Classes are dropped: the
-    simulated fronts see every request as the default class."""
-    out = [Traced(*a) if isinstance(a, tuple) else Traced(a.at_s, a.prompt_tokens, a.max_tokens) for a in arrivals]
+TraceTuple = tuple[float, int, int] | tuple[float, int, int, str | None]
+"""(time, n_in, n_out) or (time, n_in, n_out, tenant)."""
+
+
+def trace_of(arrivals: Iterable[ArrivalLike | TraceTuple]) -> tuple[Traced, ...]:
+    """A trace from a measured run's schedule (``workloads.schedule``, ``tenant_traffic``) or
+    (time, n_in, n_out[, tenant]) tuples, in time order (stable: equal times keep their order).
+    Tenants are kept (an arrival without a ``tenant`` attribute names none); classes are
+    dropped: the simulated fronts see every request as the default class."""
+    out = [
+        Traced(*a) if isinstance(a, tuple) else Traced(a.at_s, a.prompt_tokens, a.max_tokens, _tenant_of(a))
+        for a in arrivals
+    ]
     return tuple(sorted(out, key=lambda a: a.at_s))
+
+
+def _tenant_of(arrival: ArrivalLike) -> str | None:
+    tenant = getattr(arrival, "tenant", None)
+    return tenant if isinstance(tenant, str) else None
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,6 +166,29 @@ class SimulationConfig:
 # --------------------------------------------------------------------------- outputs
 
 
+@dataclass(slots=True)
+class TenantCounts:
+    """One tenant's requests in a run, as ``SimulationResult`` counts them for all (filled by
+    ``simulation_tally`` as the run goes; read once it is over)."""
+
+    offered: int = 0
+    """Its arrivals."""
+    admitted: int = 0
+    """Forwarded to llama-server."""
+    rejected: int = 0
+    """Refused in the end (a 429 reached its client)."""
+    share_rejected: int = 0
+    """Of those, refused with the reason ``tenant_share`` among the final decision's."""
+    rejected_by_reason: dict[str, int] = field(default_factory=dict)
+    """Of those, how many had each reason among the final decision's (``decision.Reason``;
+    a refusal with several counts under each)."""
+    timed_out: int = 0
+    """Its clients that left before their first token."""
+    completed: int = 0
+    completed_within_slo: int = 0
+    """Its goodput, in requests: completed with TTFT within the SLO."""
+
+
 @dataclass(frozen=True, slots=True)
 class SimulationResult:
     """What one run measured. ``offered`` = admitted + rejected + left while waiting at the gate."""
@@ -195,10 +235,13 @@ class SimulationResult:
     """Pods tried, summed over the offered requests (= offered without retries)."""
     fleet: FleetRecord | None = None
     """With autoscaling or retrying clients: the pods' lives, the syncs and each request's fate."""
+    tenants: dict[str | None, TenantCounts] | None = None
+    """Per tenant (None: the requests naming none), when the trace's arrivals name tenants;
+    each count sums over the tenants to the run's own."""
 
     def as_dict(self) -> dict[str, object]:
-        """Plain JSON-ready values."""
-        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "fleet"}
+        """Plain JSON-ready values (the fleet's record and the tenants' counts left out)."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name not in ("fleet", "tenants")}
 
 
 # --------------------------------------------------------------------------- runs
@@ -242,7 +285,7 @@ def config_for_load(
 
 def config_for_trace(
     server: ServerModel,
-    arrivals: Iterable[ArrivalLike | tuple[float, int, int]],
+    arrivals: Iterable[ArrivalLike | TraceTuple],
     *,
     duration_s: float,
     ttft_slo_s: float,

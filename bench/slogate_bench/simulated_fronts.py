@@ -8,7 +8,9 @@ simulator runs any front the same way; only the fronts know what they are.
 - ``direct``: llama-server alone: everything is forwarded to its own queue.
 - ``count-cap``: at most ``concurrency`` forwarded, ``queue`` more held in a FIFO, the
   rest refused (the usual magic numbers).
-- ``slogate``: the core's GateMachine, the sidecar's very own, in virtual time.
+- ``slogate``: the core's GateMachine, the sidecar's very own, in virtual time; it is told
+  each request's tenant (booked under it when the thresholds carry a tenant policy) and the
+  tokens each generated (what the tenant is charged in the end).
 - ``clairvoyant``: a plan made knowing the whole trace (``clairvoyant``): the n-th
   arrival is forwarded at once if the plan admits it, else refused.
 
@@ -70,16 +72,19 @@ Answer = Forward | Refuse | Hold
 class Front(Protocol):
     """The events a front hears; each returns what became of the requests it concerns."""
 
-    def arrive(self, key: Key, prompt_tokens: int, output_tokens: int, now: float) -> Answer:
-        """A request arrives."""
+    def arrive(
+        self, key: Key, prompt_tokens: int, output_tokens: int, now: float, *, tenant: str | None = None
+    ) -> Answer:
+        """A request arrives (from ``tenant``, None: it names none)."""
         ...
 
     def first_token(self, key: Key, now: float) -> list[Forward | Refuse]:
         """A forwarded request's first token came."""
         ...
 
-    def ended(self, key: Key, now: float) -> list[Forward | Refuse]:
-        """A forwarded request ended: completed, or its client left."""
+    def ended(self, key: Key, now: float, output_tokens: int | None = None) -> list[Forward | Refuse]:
+        """A forwarded request ended: completed, or its client left; ``output_tokens``: what
+        it generated (None: unknown)."""
         ...
 
     def left(self, key: Key, now: float) -> list[Forward | Refuse]:
@@ -105,7 +110,7 @@ class _Holdless:
         """Nothing to do."""
         return []
 
-    def ended(self, key: Key, now: float) -> list[Forward | Refuse]:
+    def ended(self, key: Key, now: float, output_tokens: int | None = None) -> list[Forward | Refuse]:
         """Nothing to do."""
         return []
 
@@ -126,12 +131,14 @@ class DirectFront(_Holdless):
     def __init__(self) -> None:
         self.inside = 0
 
-    def arrive(self, key: Key, prompt_tokens: int, output_tokens: int, now: float) -> Answer:
+    def arrive(
+        self, key: Key, prompt_tokens: int, output_tokens: int, now: float, *, tenant: str | None = None
+    ) -> Answer:
         """Everything goes in."""
         self.inside += 1
         return Forward(key, output_tokens)
 
-    def ended(self, key: Key, now: float) -> list[Forward | Refuse]:
+    def ended(self, key: Key, now: float, output_tokens: int | None = None) -> list[Forward | Refuse]:
         """One fewer inside."""
         self.inside -= 1
         return []
@@ -149,8 +156,11 @@ class CountCapFront:
     in_flight: set[Key] = field(default_factory=set)
     held: deque[tuple[Key, int]] = field(default_factory=deque)
 
-    def arrive(self, key: Key, prompt_tokens: int, output_tokens: int, now: float) -> Answer:
-        """Forward while under the cap, hold while the queue has room, else refuse."""
+    def arrive(
+        self, key: Key, prompt_tokens: int, output_tokens: int, now: float, *, tenant: str | None = None
+    ) -> Answer:
+        """Forward while under the cap, hold while the queue has room, else refuse (tenants
+        are not told apart)."""
         if len(self.in_flight) < self.cap.concurrency:
             self.in_flight.add(key)
             return Forward(key, output_tokens)
@@ -163,7 +173,7 @@ class CountCapFront:
         """A count cap does not see first tokens."""
         return []
 
-    def ended(self, key: Key, now: float) -> list[Forward | Refuse]:
+    def ended(self, key: Key, now: float, output_tokens: int | None = None) -> list[Forward | Refuse]:
         """Its place goes to the head of the queue."""
         if key not in self.in_flight:
             return []
@@ -213,11 +223,19 @@ class SlogateFront:
         return self._answers(resolutions)
 
     def arrive(
-        self, key: Key, prompt_tokens: int, output_tokens: int, now: float, class_name: str | None = None
+        self,
+        key: Key,
+        prompt_tokens: int,
+        output_tokens: int,
+        now: float,
+        class_name: str | None = None,
+        *,
+        tenant: str | None = None,
     ) -> Answer:
         """Admit, defer (held until its deadline at the latest) or reject; the default class
-        unless ``class_name`` says otherwise (the simulator's arrivals have none)."""
-        verdict = self.machine.arrive(Request(prompt_tokens, output_tokens, class_name), now)
+        unless ``class_name`` says otherwise (the simulator's arrivals have none). ``tenant``
+        counts only when the thresholds carry a tenant policy (the machine's ``tenants``)."""
+        verdict = self.machine.arrive(Request(prompt_tokens, output_tokens, class_name, tenant=tenant), now)
         if verdict.ticket is not None:
             return self._forward(key, verdict.ticket, verdict.decision)
         if verdict.waiter is not None:
@@ -231,10 +249,13 @@ class SlogateFront:
         ticket = self._tickets.get(key)
         return self._answers(self.machine.first_token(ticket, now)) if ticket is not None else []
 
-    def ended(self, key: Key, now: float) -> list[Forward | Refuse]:
-        """Its slot and KV return: waiters may now fit."""
+    def ended(self, key: Key, now: float, output_tokens: int | None = None) -> list[Forward | Refuse]:
+        """Its slot and KV return: waiters may now fit. ``output_tokens`` corrects what its
+        tenant was charged (the booked n_out) to what it generated."""
         ticket = self._tickets.pop(key, None)
-        return self._answers(self.machine.release(ticket, now)) if ticket is not None else []
+        if ticket is None:
+            return []
+        return self._answers(self.machine.release(ticket, now, output_tokens=output_tokens))
 
     def left(self, key: Key, now: float) -> list[Forward | Refuse]:
         """Out of the deferral queue."""
@@ -288,7 +309,9 @@ class PlannedFront(_Holdless):
         """A plan for one server's trace: never routed among others."""
         return 0.0
 
-    def arrive(self, key: Key, prompt_tokens: int, output_tokens: int, now: float) -> Answer:
+    def arrive(
+        self, key: Key, prompt_tokens: int, output_tokens: int, now: float, *, tenant: str | None = None
+    ) -> Answer:
         """Forward the planned arrivals in full, refuse the others."""
         n, self.arrived = self.arrived, self.arrived + 1
         return Forward(key, output_tokens) if n in self.admit else Refuse(key)

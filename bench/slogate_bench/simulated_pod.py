@@ -77,6 +77,8 @@ class SimRequest:
     """Its client's tries before this one (a retrying client's 429s)."""
     first_arrival: float = math.nan
     """When its client first sent it (``arrival`` is this try's)."""
+    tenant: str | None = None
+    """Who sent it (a trace's ``Traced.tenant``): told to the front, counted per tenant."""
     tried: list[int] = field(default_factory=list)
     """The pods tried (kept only when the routing retries)."""
     forwarded: bool = False

@@ -47,6 +47,14 @@ C servers with no waiting room, Erlang's loss system.
 Runs start empty (no warm-up), arrivals stop at ``duration_s``, and the run continues
 until every request has left. Rates and time averages are over [0, duration_s]
 (``simulation_tally``).
+
+Tenants
+-------
+A trace's arrivals may name a tenant (``Traced.tenant``, from ``workloads.Arrival.tenant``):
+each front hears it with the arrival (the slogate gate books it under its tenant when its
+thresholds carry a tenant policy, and ignores it otherwise), each end reports the tokens
+the request actually generated (none if its client left before its first token), and the
+result counts every outcome per tenant as well (``SimulationResult.tenants``).
 """
 
 from __future__ import annotations
@@ -55,7 +63,7 @@ import heapq
 import itertools
 import math
 
-from slogate_admission.decision import Decision
+from slogate_admission.decision import Decision, Reason
 from slogate_bench.arrivals import NO_SERVICE, arrivals
 from slogate_bench.scenario import SimulationConfig, SimulationResult
 from slogate_bench.simulated_fleet import (
@@ -121,6 +129,12 @@ class _Simulation:
         self.retrying = config.routing.tries > 1
         self.tally = Tally()
         """What the run measures (``simulation_tally``)."""
+        trace = config.trace
+        self.trace_tenants: tuple[str | None, ...] | None = None
+        """The n-th arrival's tenant (the trace's, in order), if any arrival names one."""
+        if trace is not None and any(a.tenant is not None for a in trace):
+            self.trace_tenants = tuple(a.tenant for a in trace)
+            self.tally.tenants = {}
 
     def _new_pod(self, i: int) -> SimulatedPod:
         """Pod ``i``: the i-th of the distinct pods, cycled, with a fresh front."""
@@ -182,8 +196,14 @@ class _Simulation:
     # ------------------------------------------------------------------ arrivals, routing and fronts
 
     def _arrive(self, at: float, prompt_tokens: int, output_tokens: int, service: float) -> None:
+        tenant = None
+        if self.trace_tenants is not None:  # the trace's arrivals come in its order
+            tenant = self.trace_tenants[self.tally.offered]
+            self.tally.tenant(tenant).offered += 1
         self.tally.offered += 1
-        req = SimRequest(at, prompt_tokens, output_tokens, service, key=self.tally.offered, first_arrival=at)
+        req = SimRequest(
+            at, prompt_tokens, output_tokens, service, key=self.tally.offered, first_arrival=at, tenant=tenant
+        )
         self._try(req, self.router.first())
 
     def _try(self, req: SimRequest, index: int) -> None:
@@ -198,7 +218,7 @@ class _Simulation:
         if self.fleet is not None:
             self.fleet.tried(pod, req, self.now)
         pod.conns += 1
-        answer = pod.front.arrive(req, req.prompt_tokens, req.output_tokens, self.now)
+        answer = pod.front.arrive(req, req.prompt_tokens, req.output_tokens, self.now, tenant=req.tenant)
         if isinstance(answer, Refuse):
             pod.conns -= 1
             self._changed(pod)
@@ -232,13 +252,20 @@ class _Simulation:
             self._push_timer(self.now + wait, _CLIENT_RETRY, req)
             return
         self.tally.rejected += 1
+        if self.tally.tenants is not None:
+            counts = self.tally.tenant(req.tenant)
+            counts.rejected += 1
+            if decision is not None:
+                counts.share_rejected += Reason.TENANT_SHARE in decision.reasons
+                for reason in decision.reasons:
+                    counts.rejected_by_reason[reason.value] = counts.rejected_by_reason.get(reason.value, 0) + 1
         if self.fleet is not None:
             self.fleet.gave_up(self.pods[req.pod], req, decision)
 
     def _retry(self, req: SimRequest) -> None:
         """A refused client tries again: a new try of the same request, through the router."""
-        again = SimRequest(self.now, req.prompt_tokens, req.output_tokens, req.prefill_s,
-                           key=req.key, retries=req.retries + 1, first_arrival=req.first_arrival)  # fmt: skip
+        again = SimRequest(self.now, req.prompt_tokens, req.output_tokens, req.prefill_s, key=req.key,
+                           retries=req.retries + 1, first_arrival=req.first_arrival, tenant=req.tenant)  # fmt: skip
         self._try(again, self.router.first())
 
     def _enter(self, req: SimRequest) -> None:
@@ -257,6 +284,8 @@ class _Simulation:
                 req.output_tokens = min(req.output_tokens, answer.output_tokens)
                 req.forwarded = True
                 self.tally.admitted += 1
+                if self.tally.tenants is not None:
+                    self.tally.tenant(req.tenant).admitted += 1
                 if req.prefill_s == NO_SERVICE:
                     req.prefill_s = pod.server.prefill.seconds(req.prompt_tokens)
                 pod.forward(req)
@@ -265,11 +294,13 @@ class _Simulation:
                 self._refused(req, answer.decision)
 
     def _release_gate(self, pod: SimulatedPod, req: SimRequest) -> None:
-        """The request ended or its client left: return its place in front (once)."""
+        """The request ended or its client left: return its place in front (once), with the
+        tokens it generated (all of them once its first token came: clients read to the end)."""
         if not req.forwarded:
             return
         req.forwarded = False
-        self._apply(pod, pod.front.ended(req, self.now))
+        generated = req.output_tokens if req.first_token else 0
+        self._apply(pod, pod.front.ended(req, self.now, output_tokens=generated))
 
     # ------------------------------------------------------------------ llama-server
 
@@ -304,6 +335,10 @@ class _Simulation:
             self.tally.completed_in_window += 1
         if req.ttft <= self.slo:
             self.tally.within += 1
+        if self.tally.tenants is not None:
+            counts = self.tally.tenant(req.tenant)
+            counts.completed += 1
+            counts.completed_within_slo += req.ttft <= self.slo
         if self.fleet is not None:
             self.fleet.outcome(req, WITHIN if req.ttft <= self.slo else LATE)
         req.where = GONE
@@ -342,6 +377,8 @@ class _Simulation:
     def _abandon(self, req: SimRequest) -> None:
         """The client left before its first token."""
         self.tally.timed_out += 1
+        if self.tally.tenants is not None:
+            self.tally.tenant(req.tenant).timed_out += 1
         req.abandoned = True
         pod = self.pods[req.pod]
         pod.advance(self.now)

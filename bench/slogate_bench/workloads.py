@@ -13,9 +13,11 @@ import random
 from dataclasses import dataclass
 from typing import Literal
 
+from slogate_admission.tenant_schema import DEFAULT_TENANT_HEADER
 from slogate_bench.lengths import Lengths, LognormalLengths, MixedLengths, SampledLengths, TokenLengths
 
 INTERACTIVE, BATCH = "interactive", "batch"
+TENANT_HEADER = DEFAULT_TENANT_HEADER
 ServiceMode = Literal["profile", "exponential"]
 DEFAULT_CLIENT_TIMEOUT_S = 10.0
 UNIFORM_PROMPTS, UNIFORM_OUTPUTS = TokenLengths.fixed(200), TokenLengths.fixed(32)
@@ -142,10 +144,19 @@ class Arrival:
     """n_out, generated in full."""
     class_name: str | None
     """Sent as X-Slogate-Class; None: no header."""
+    tenant: str | None = None
+    """Sent as X-Slogate-Tenant; None: no header."""
 
     def prompt(self) -> list[int]:
         """Distinct token ids per request, so no prompt cache helps."""
         return list(range(self.first_token_id, self.first_token_id + self.prompt_tokens))
+
+    def headers(self) -> dict[str, str]:
+        """The headers that say its class and tenant (none for what is unset)."""
+        headers = {"X-Slogate-Class": self.class_name} if self.class_name else {}
+        if self.tenant:
+            headers[TENANT_HEADER] = self.tenant
+        return headers
 
 
 def schedule(rate_rps: float, duration_s: float, workload: Workload, *, seed: int = 1) -> list[Arrival]:

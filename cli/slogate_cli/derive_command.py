@@ -23,6 +23,7 @@ from pydantic import ValidationError
 
 from slogate_admission.derivation import derive_thresholds, reference_prompt_warnings
 from slogate_admission.schema import CalibrationProfile, ClassPolicy, Policy, Thresholds
+from slogate_admission.tenant_schema import TenantsPolicy
 from slogate_admission.validation import first_problem
 from slogate_calibration.output import write_atomic
 from slogate_cli.arguments import CommandError, Subcommands, existing_file, output_file, positive_float, positive_int
@@ -54,6 +55,16 @@ def add_policy_flags(parser: argparse.ArgumentParser) -> None:
         "--slo-ttft's. E.g. interactive:1:1,batch:10, or interactive:1:1,batch with --slo-ttft 10",
     )
     parser.add_argument("--concurrency-max", type=positive_int, help="at most this many streams")
+    parser.add_argument(
+        "--tenants",
+        action="store_true",
+        help="fair shares between tenants (spec.tenants with its defaults: the X-Slogate-Tenant header, equal weights)",
+    )
+    parser.add_argument(
+        "--tenant-weights",
+        type=tenant_weights,
+        help="tenant:weight,... (implies --tenants); unlisted tenants weigh 1. E.g. acme:3,globex:1",
+    )
     parser.add_argument("--policy", type=existing_file, help="a policy JSON file (overrides the flags above)")
 
 
@@ -74,6 +85,26 @@ def parse_classes(text: str) -> list[dict[str, Any]]:
             raise ValueError(f"class {item!r}: ttft must be a number and reserved a whole number") from None
         classes.append(cls)
     return classes
+
+
+def tenant_weights(text: str) -> dict[str, float]:
+    """The ``--tenant-weights`` type: ``acme:3,globex:1``, each checked as spec.tenants will."""
+    weights: dict[str, float] = {}
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        name, colon, weight = item.rpartition(":")
+        try:
+            weights[name] = float(weight)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"tenant {item!r}: expected name:weight, e.g. acme:3") from None
+        if not colon:
+            raise argparse.ArgumentTypeError(f"tenant {item!r}: expected name:weight, e.g. acme:3")
+    try:
+        TenantsPolicy.model_validate({"weights": weights})
+    except ValidationError as error:
+        raise argparse.ArgumentTypeError(f"{text!r}: {one_line(error)}") from None
+    if not weights:
+        raise argparse.ArgumentTypeError("give at least one tenant, e.g. acme:3,globex:1")
+    return weights
 
 
 def classes(text: str) -> list[dict[str, Any]]:
@@ -117,6 +148,8 @@ def build_policy(args: argparse.Namespace) -> Policy:
             raw["classes"] = args.classes
         if args.concurrency_max is not None:
             raw["concurrency"] = {"max": args.concurrency_max}
+        if args.tenants or args.tenant_weights:
+            raw["tenants"] = {"weights": args.tenant_weights or {}}
         return Policy.model_validate(raw)
     except OSError as error:
         raise ValueError(f"cannot read {error.filename}: {error.strerror}") from None

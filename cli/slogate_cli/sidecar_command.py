@@ -75,6 +75,12 @@ def add_parser(subparsers: Subcommands) -> None:
     )
     parser.add_argument("--api-key-classes", type=existing_file, help="JSON file: {api key: class}")
     parser.add_argument(
+        "--api-key-tenants",
+        type=existing_file,
+        help="JSON file: {api key: tenant}, the tenant of a request without the tenant header, read only while "
+        "the thresholds carry a tenant policy (spec.tenants)",
+    )
+    parser.add_argument(
         "--class-header",
         type=header_name,
         default=_default("class_header"),
@@ -147,19 +153,21 @@ def add_parser(subparsers: Subcommands) -> None:
     parser.set_defaults(run=run)
 
 
+def key_map(flag: str, path: Path | None) -> dict[str, str]:
+    """A JSON file of {api key: name}; empty without the flag. A bad file is a one-line error."""
+    if path is None:
+        return {}
+    try:
+        loaded = json.loads(path.read_text())
+    except (OSError, ValueError) as error:
+        raise ValueError(f"{flag} {path}: {error}") from None
+    if not isinstance(loaded, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in loaded.items()):
+        raise ValueError(f"{flag} {path}: expected a JSON object of strings")
+    return loaded
+
+
 def settings_from(args: argparse.Namespace) -> SidecarSettings:
-    """Settings from flags; a bad key-class file is a one-line error."""
-    classes: dict[str, str] = {}
-    if args.api_key_classes is not None:
-        try:
-            loaded = json.loads(args.api_key_classes.read_text())
-        except (OSError, ValueError) as error:
-            raise ValueError(f"--api-key-classes {args.api_key_classes}: {error}") from None
-        if not isinstance(loaded, dict) or not all(
-            isinstance(k, str) and isinstance(v, str) for k, v in loaded.items()
-        ):
-            raise ValueError(f"--api-key-classes {args.api_key_classes}: expected a JSON object of strings")
-        classes = loaded
+    """Settings from flags; a bad key-class or key-tenant file is a one-line error."""
     return SidecarSettings(
         upstream=args.upstream,
         host=args.host,
@@ -167,7 +175,8 @@ def settings_from(args: argparse.Namespace) -> SidecarSettings:
         admin_port=args.admin_port,
         thresholds_file=args.thresholds,
         admin_token_file=args.admin_token_file,
-        api_key_classes=classes,
+        api_key_classes=key_map("--api-key-classes", args.api_key_classes),
+        api_key_tenants=key_map("--api-key-tenants", args.api_key_tenants),
         class_header=args.class_header,
         prompt_counting=PromptCounting(args.prompt_counting),
         max_body_bytes=args.max_body_bytes,

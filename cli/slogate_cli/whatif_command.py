@@ -4,7 +4,9 @@ Give what you know; ``missing`` in the output names the inputs that would unlock
 The spec's worked example: ``--prefill-tps 1200 --ttft-slo 2 --prompt-tokens 800
 --queued-tokens 1100``. A request that can never fit (its own prefill beyond the SLO, or
 prompt + output beyond ``--slot-tokens`` or ``--kv-capacity-bytes``) gets what the
-sidecar answers it, a 400: admit false, reason never_fits, retry_after_s null.
+sidecar answers it, a 400: admit false, reason never_fits, retry_after_s null. With
+tenants, add what its tenant holds and the active tenants' weights: ``--tenant-held-tokens
+900 --active-tenant-weight 2`` asks whether it fits in its half of the token budget.
 """
 
 from __future__ import annotations
@@ -46,6 +48,12 @@ FLAGS: dict[str, tuple[Callable[[str], float], str]] = {
     "--service-rate": (positive_float, "mu, requests/s"),
     "--w-max": (positive_float, "W_max, the time-in-system SLO, seconds"),
     "--reject-fraction": (fraction, "p, the share rejected (retried at once)"),
+    "--tenant-held-tokens": (non_negative_float, "prompt tokens its tenant holds in the class (queued or deferred)"),
+    "--tenant-weight": (positive_float, "its tenant's weight (default 1)"),
+    "--active-tenant-weight": (
+        positive_float,
+        "sum of the weights of the tenants active in the class, its own included",
+    ),
 }
 
 
@@ -90,6 +98,8 @@ def run(args: argparse.Namespace) -> int:
     if problem is not None:
         raise CommandError(problem)
     # argparse stores --prefill-tps as prefill_tps: the dataclass's field names.
-    inputs = WhatIfInputs(**{name: getattr(args, name) for name in WhatIfInputs.__slots__})
+    # Flags not given keep the dataclass's defaults (None, or a tenant's weight of 1).
+    given = {name: value for name in WhatIfInputs.__slots__ if (value := getattr(args, name)) is not None}
+    inputs = WhatIfInputs(**given)
     sys.stdout.write(json.dumps(what_if(inputs), sort_keys=True) + "\n")
     return 0

@@ -1,7 +1,7 @@
 """The AdmissionPolicy spec: the core's Policy plus the operator-only fields.
 
 The policy part (slo, outputTokens, concurrency, classes, defaultClass, deferral,
-degradation) is validated by ``slogate_admission.schema.Policy`` itself, so the CRD
+degradation, tenants) is validated by ``slogate_admission.schema.Policy`` itself, so the CRD
 and the core cannot drift apart; the operator part (targetRef or selector, container,
 calibration, sidecar, alerting, autoscaling) by ``OperatorSpec`` below. crds/ mirrors both, and a
 test holds every example and every invalid variant to the same verdict from the CRD's
@@ -16,8 +16,9 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field, ValidationError, model_validator
 
-from slogate_admission.schema import Model, Policy
+from slogate_admission.schema import Policy
 from slogate_admission.validation import validation_problems
+from slogate_admission.wire import Model
 
 DnsLabel = Annotated[str, Field(pattern=r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")]
 DnsSubdomain = Annotated[

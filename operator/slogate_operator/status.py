@@ -135,8 +135,11 @@ def thresholds_summary(thresholds: Thresholds, configmap: str) -> dict[str, Any]
     """The thresholds in force (the whole document is in the ConfigMap).
 
     ``defaultClassTtftSeconds`` and ``tokenBudget`` are the default class's, for the
-    Default-TTFT and Token-Budget printer columns: the SLO and the budget derived from it."""
+    Default-TTFT and Token-Budget printer columns: the SLO and the budget derived from it.
+    ``tenantOutputWeight`` only with a tenant policy: the output weight in force, which the
+    user may leave to the calibration."""
     default = thresholds.default_class_thresholds
+    tenants = {} if thresholds.tenants is None else {"tenantOutputWeight": round(thresholds.tenants.output_weight, 3)}
     return {
         "calibrationId": thresholds.calibration_id,
         "derivedAt": format_time(thresholds.derived_at),
@@ -151,6 +154,7 @@ def thresholds_summary(thresholds: Thresholds, configmap: str) -> dict[str, Any]
         "defaultClass": thresholds.default_class,
         "defaultClassTtftSeconds": default.ttft_slo_seconds,
         "tokenBudget": int(default.token_budget),
+        **tenants,
         "classes": [
             {
                 "name": c.name,

@@ -34,6 +34,7 @@ from slogate_admission.validation import validation_problems
 from slogate_sidecar import responses
 from slogate_sidecar.drain import DrainCause
 from slogate_sidecar.state import Sidecar
+from slogate_sidecar.tenants import tenants_state
 
 log = logging.getLogger("slogate.sidecar")
 MAX_THRESHOLDS_BYTES = 256 * 1024
@@ -115,7 +116,7 @@ def apply(sidecar: Sidecar, thresholds: Thresholds) -> None:
 
 
 def state(sidecar: Sidecar) -> dict[str, Any]:
-    """Thresholds, calibration id, live counters and rate estimates with their ages."""
+    """Thresholds, calibration id, live counters and rate estimates with their ages, the books by tenant."""
     now = time.monotonic()
     t = sidecar.gate.thresholds
     ledger = sidecar.gate.ledger
@@ -158,6 +159,9 @@ def state(sidecar: Sidecar) -> dict[str, Any]:
             "countedP95": sidecar.usage.prompt_error.counted.quantile(0.95),
             "samples": len(sidecar.usage.prompt_error.counted),
         },
+        "tenants": tenants_state(
+            sidecar.gate.machine.tenants, [c.name for c in t.classes] if t else [], sidecar.gate.clock()
+        ),
     }
 
 

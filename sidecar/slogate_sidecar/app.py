@@ -43,6 +43,7 @@ from slogate_sidecar.rates import RateEstimator
 from slogate_sidecar.routing_signals import RoutingSignals
 from slogate_sidecar.settings import SidecarSettings
 from slogate_sidecar.state import Sidecar
+from slogate_sidecar.tenants import TenantMetrics
 
 log = logging.getLogger("slogate.sidecar")
 access_log = logging.getLogger("slogate.sidecar.access")
@@ -57,6 +58,7 @@ def build_sidecar(settings: SidecarSettings) -> Sidecar:
         drain=Drain(settings.drain_deadline_s),
     )
     RoutingSignals(gate).register(metrics.registry)  # routing signals, computed when scraped (docs/routing.md)
+    TenantMetrics(gate).register(metrics.registry)  # the books by tenant, read when scraped (docs/metrics.md)
     ttft, usage, recorded = TtftLearner(), UsageLearner(), MetricsLearner(metrics)
     gate.observers.append(recorded)
     gate.learners.extend((ttft, usage, recorded))

@@ -139,6 +139,11 @@ class Gate:
         """The core's decision on the live state, now (booking nothing)."""
         return self.machine.decide(request, self.clock())
 
+    def precheck(self, empty: Request, estimated_prompt_tokens: int) -> Decision:
+        """An arrival judged on an empty prompt before its tokens are counted
+        (``GateMachine.precheck``): a refusal here is final, and its tenant's."""
+        return self.machine.precheck(empty, self.clock(), estimated_prompt_tokens)
+
     async def acquire(self, request: Request, origin: Origin, arrived_at: float | None = None) -> Admission:
         """Admit (a Lease), defer then admit or reject, or reject at once.
 
@@ -212,9 +217,10 @@ class Gate:
         """The request's first token arrived: its prompt left the prefill queue."""
         self._settle(self.machine.first_token(ticket, self.clock()))
 
-    def release(self, ticket: Ticket) -> None:
-        """The request ended (any way): return its slot and KV."""
-        self._settle(self.machine.release(ticket, self.clock()))
+    def release(self, ticket: Ticket, output_tokens: int | None = None) -> None:
+        """The request ended (any way): return its slot and KV. ``output_tokens``: what it
+        generated, when llama-server said (its tenant's served tokens are corrected to it)."""
+        self._settle(self.machine.release(ticket, self.clock(), output_tokens))
         self.drain.streams_now(self.ledger.streams)
 
     def begin_drain(self, cause: DrainCause) -> None:

@@ -67,7 +67,8 @@ class Lease:
     clock: Callable[[], float]
     learners: Sequence[Learner]
     on_first_token: Callable[[Ticket], None]
-    on_end: Callable[[Ticket], None]
+    on_end: Callable[[Ticket, int | None], None]
+    """Called once at the end with the output tokens llama-server reported, None if unknown."""
     ttft_s: float | None = None
     """Arrival to first token; None until it comes."""
     ended: bool = field(default=False)
@@ -83,19 +84,19 @@ class Lease:
 
     def complete(self, usage: Usage) -> None:
         """The request finished; ``usage`` is llama-server's count. Ends the lease."""
-        if self._end():
+        if self._end(usage.completion_tokens):
             for learner in self.learners:
                 learner.completed(self, usage)
 
     def abandon(self) -> None:
         """The request ended any other way. Ends the lease; a no-op after ``complete``."""
-        if self._end():
+        if self._end(None):
             for learner in self.learners:
                 learner.abandoned(self)
 
-    def _end(self) -> bool:
+    def _end(self, output_tokens: int | None) -> bool:
         if self.ended:
             return False
         self.ended = True
-        self.on_end(self.ticket)
+        self.on_end(self.ticket, output_tokens)
         return True

@@ -70,10 +70,21 @@ class InferenceProxy:
         named = request.headers.get(self.sc.settings.class_header)
         if named:
             return named.strip().lower()
-        auth = request.headers.get("Authorization", "")
-        if auth.startswith("Bearer ") and self.sc.settings.api_key_classes:
-            return self.sc.settings.api_key_classes.get(auth[7:].strip())
-        return None
+        key = api_key(request)
+        return self.sc.settings.api_key_classes.get(key) if key is not None else None
+
+    def tenant_of(self, request: web.Request) -> str | None:
+        """The tenant, only while the thresholds carry a tenant policy: the header the policy
+        names, else the API key's tenant, else None. The name is passed on as sent: the core
+        books a name that is not a valid tenant name, like none, to the shared account."""
+        thresholds = self.sc.gate.thresholds
+        if thresholds is None or thresholds.tenants is None:
+            return None
+        named = request.headers.get(thresholds.tenants.header)
+        if named:
+            return named
+        key = api_key(request)
+        return self.sc.settings.api_key_tenants.get(key) if key is not None else None
 
     async def _read(self, request: web.Request, route: Route) -> ParsedRequest | web.Response:
         """The validated request, or the 4xx that explains what is wrong with it."""
@@ -158,14 +169,15 @@ class InferenceProxy:
             return parsed
         if sc.gate.drain.active:  # it began while the body arrived: no /tokenize call either
             return self._draining()
-        class_name = self.classify(request)
+        class_name, tenant = self.classify(request), self.tenant_of(request)
         n_out = self._output_tokens(parsed)
         tokens_per_char = (sc.gate.thresholds and sc.gate.thresholds.tokens_per_char) or FALLBACK_TOKENS_PER_CHAR
         estimated_n_in = estimate_prompt_tokens(parsed, tokens_per_char)
-        n_in = await self._prompt_tokens(parsed, Request(0, n_out, class_name), estimated_n_in, retry=retry)
+        empty = Request(0, n_out, class_name, tenant=tenant)
+        n_in = await self._prompt_tokens(parsed, empty, estimated_n_in, retry=retry)
         if isinstance(n_in, web.Response):
             return n_in
-        req = Request(n_in, n_out, class_name)
+        req = Request(n_in, n_out, class_name, tenant=tenant)
         return await self._decide_and_serve(request, parsed, req, arrived, estimated_n_in, retry=retry)
 
     def _refused_at_once(self) -> web.Response | None:
@@ -192,7 +204,7 @@ class InferenceProxy:
             return estimated
         # n_in only makes matters worse: if even an empty prompt is refused, refuse
         # now, without an upstream call (rejections must stay cheap).
-        pre = sc.gate.decide(empty)
+        pre = sc.gate.precheck(empty, estimated)
         if pre.outcome is Outcome.REJECT:
             sc.metrics.record_decision(pre, 0.0)
             sc.demand.decided(retry=retry, request=Request(estimated, empty.output_tokens), config=sc.gate.config)
@@ -371,6 +383,12 @@ class InferenceProxy:
             kind="server_error",
             code="upstream_error",
         )
+
+
+def api_key(request: web.Request) -> str | None:
+    """The key of ``Authorization: Bearer <key>``, or None."""
+    auth = request.headers.get("Authorization", "")
+    return auth[7:].strip() if auth.startswith("Bearer ") else None
 
 
 def _is_one(value: object) -> bool:

@@ -8,7 +8,7 @@ from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 from aiohttp.web_protocol import RequestPayloadError
 
-from slogate_admission.decision import Decision
+from slogate_admission.decision import Decision, Reason
 from slogate_admission.retry import retry_after_whole_s
 
 
@@ -82,9 +82,15 @@ def rejection(decision: Decision) -> web.Response:
             extra=details,
         )
     retry = decision.retry_after_s or 0.0
+    # Over its tenant's share alone, the server has room: for other tenants, not this one.
+    why = (
+        "tenant over its fair share of the queue"
+        if decision.reasons == (Reason.TENANT_SHARE,)
+        else "server at capacity"
+    )
     return error(
         429,
-        f"server at capacity ({reasons}); retry after {retry_after_header(retry)} s",
+        f"{why} ({reasons}); retry after {retry_after_header(retry)} s",
         kind="rate_limit_error",
         code="slogate_rejected",
         extra=details,

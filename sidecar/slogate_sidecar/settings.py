@@ -35,6 +35,9 @@ class SidecarSettings:
     """Bearer token for PUT /slogate/v1/thresholds; without it every PUT is refused."""
     api_key_classes: dict[str, str] = field(default_factory=dict)
     """API key -> class, for requests that carry ``Authorization: Bearer <key>``."""
+    api_key_tenants: dict[str, str] = field(default_factory=dict)
+    """API key -> tenant, for requests that carry ``Authorization: Bearer <key>`` and no tenant
+    header; read only while the thresholds carry a tenant policy (docs/sidecar.md, "Tenants")."""
     class_header: str = "X-Slogate-Class"
     """Header naming the request's class; an unknown class gets the default class."""
     prompt_counting: PromptCounting = PromptCounting.TOKENIZE

@@ -15,6 +15,7 @@ from slogate_admission.schema import CalibrationProfile, Policy
 from slogate_bench import readme_numbers
 from slogate_bench.capacity import ServerModel, capacity_rps
 from slogate_bench.load import OUTCOME_COLUMNS, Outcome, Result, Run, outcome_counts
+from slogate_bench.noisy_neighbour_report import table_rows
 from slogate_bench.points import points, trace_bounds
 from slogate_bench.report import write_report
 from slogate_bench.targets import overhead_targets, targets
@@ -159,7 +160,8 @@ def test_the_published_benchmark_tables_add_up() -> None:
     published = json.loads((REPO / "docs" / "bench" / "results.json").read_text())
     deferral = json.loads((REPO / "docs" / "bench" / "deferral.json").read_text())  # `make bench-deferral`
     promise = json.loads((REPO / "docs" / "bench" / "promise.json").read_text())  # `make bench-promise`
-    rows = len(points(published)) + len(deferral["runs"]) + len(promise["runs"])
+    tenants = json.loads((REPO / "docs" / "bench" / "tenants.json").read_text())  # `make bench-tenants`
+    rows = len(points(published)) + len(deferral["runs"]) + len(promise["runs"]) + table_rows(tenants)
     assert_tables_add_up((REPO / "docs" / "benchmarks.md").read_text(), rows=rows)
 
 

@@ -1,7 +1,8 @@
 """What the sidecar and the operator really export, to check alerts and dashboard against.
 
 Read from the sidecar's own SidecarMetrics after it loaded thresholds (which creates the
-zero series of every outcome, class, result and kind) and from the operator's metrics
+zero series of every outcome, class, result and kind), with its collector of the tenants'
+series over a gate that judged a tenant's request, and from the operator's metrics
 registry, not from a hand-kept list. The kube-state-metrics series the autoscaling alerts
 join with are the one hand-kept list: kube-state-metrics' own table of them.
 """
@@ -18,7 +19,9 @@ from slogate_admission.decision import GateConfig, LiveState, Request, decide
 from slogate_admission.derivation import derive_thresholds
 from slogate_admission.schema import Policy
 from slogate_operator import metrics as operator_metrics
+from slogate_sidecar.gate import Gate
 from slogate_sidecar.metrics import SidecarMetrics
+from slogate_sidecar.tenants import TenantMetrics
 
 # Labels Prometheus adds at scrape time (PodMonitor relabelling), not the sidecar.
 TARGET_LABELS = frozenset({"namespace", "workload", "pod", "policy", "job", "instance", "container"})
@@ -40,17 +43,25 @@ _MATCHER = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)\s*(=~|!~|!=|=)\s*"([^"]*)"')
 
 @cache
 def sidecar_samples() -> dict[str, frozenset[tuple[str, str]]]:
-    """Sample name -> every (label, value) pair seen on it, from a sidecar with two classes."""
+    """Sample name -> every (label, value) pair seen on it, from a sidecar with two classes
+    that tells tenants apart."""
     metrics = SidecarMetrics()
     policy = Policy.model_validate(
         {
             "slo": {"ttftSeconds": 2.0},
             "concurrency": {"max": 4},
             "classes": [{"name": "interactive", "ttftSeconds": 1.0, "reservedSlots": 1}, {"name": "batch"}],
+            "tenants": {"weights": {"acme": 2}},
         }
     )
     thresholds = derive_thresholds(policy, smollm2_profile(), derived_at=NOW)
     metrics.set_thresholds(thresholds)
+    # The tenants' series exist for the accounts the gate has: a listed tenant's, and one
+    # request naming an unlisted tenant gives it its own.
+    gate = Gate(clock=lambda: 0.0)
+    TenantMetrics(gate).register(metrics.registry)
+    gate.machine.load(thresholds, now=0.0)
+    gate.machine.arrive(Request(200, 128, "batch", tenant="globex"), now=0.0)
     # Decisions have no zero series: make two real ones (an admit, and a rejection behind
     # five seconds of queued prefill), and one first token for the class histograms.
     gate = GateConfig.from_thresholds(thresholds)

@@ -1,5 +1,6 @@
 """The Grafana dashboard: every query parses (promtool) and reads only exported metrics; the
-autoscaling panel's demand is the operator's query, evaluated by promtool on the same series."""
+autoscaling panel's demand is the operator's query, evaluated by promtool on the same series;
+the Tenants row's queries, evaluated by promtool too."""
 
 from __future__ import annotations
 
@@ -72,6 +73,10 @@ def test_dashboard_shows_what_the_issue_asks_for() -> None:
         "slogate_operator_calibrations_total",  # calibrations by outcome
         OFFERED_WORK,  # the autoscaling demand
         "slogate_retried_requests_total",  # retry pressure beside it
+        "slogate_tenant_admitted_prompt_tokens_total",  # the Tenants row
+        "slogate_tenant_refused_prompt_tokens_total",
+        "slogate_tenant_share_refusals_total",
+        "slogate_tenant_served_tokens",
     }
     assert wanted - set(by_metric) == set()
     reasons = [e for _, e in dashboard_exprs(board) if "slogate_decisions_total" in e]
@@ -128,6 +133,14 @@ def test_the_autoscaling_panel_reads_the_operators_demand_and_the_pods_with_thre
         targets["B"]: [(smollm2, 2), ({"namespace": "llm", "workload": "other"}, 1)],
         targets["C"]: [(smollm2, 0.25), ({"namespace": "llm", "workload": "other"}, 0)],
     }
+    assert_evaluates(tmp_path / "dashboard.test.yaml", series, expected)
+
+
+def assert_evaluates(
+    path: Path, series: dict[str, str], expected: dict[str, list[tuple[dict[str, str], float]]]
+) -> None:
+    """promtool evaluates each query at 5 m over ``series`` (sampled every 15 s) to exactly
+    the samples ``expected`` names."""
     tests = [
         {
             "interval": "15s",
@@ -142,7 +155,6 @@ def test_the_autoscaling_panel_reads_the_operators_demand_and_the_pods_with_thre
             ],
         }
     ]
-    path = tmp_path / "dashboard.test.yaml"
     path.write_text(yaml.safe_dump({"rule_files": [], "evaluation_interval": "15s", "tests": tests}, sort_keys=False))
     checked = run_promtool("test", "rules", str(path))
     assert checked.returncode == 0, checked.stdout + checked.stderr
@@ -151,3 +163,60 @@ def test_the_autoscaling_panel_reads_the_operators_demand_and_the_pods_with_thre
 def _labels(labels: dict[str, str]) -> str:
     """promtool's label set notation: {a="b", ...}."""
     return "{" + ", ".join(f'{k}="{v}"' for k, v in labels.items()) + "}"
+
+
+def row_targets(row: str) -> dict[str, str]:
+    """Panel title -> its one query (Grafana's variables filled in), for the panels under ``row``."""
+    panels = dashboard()["panels"]
+    start = next(i for i, p in enumerate(panels) if p["type"] == "row" and p["title"] == row)
+    found: dict[str, str] = {}
+    for panel in panels[start + 1 :]:
+        if panel["type"] == "row":
+            break
+        (target,) = panel["targets"]
+        found[panel["title"]] = concrete(target["expr"])
+    return found
+
+
+def test_the_tenants_row_sums_the_pods_and_keeps_the_ten_largest_tenants(tmp_path: Path) -> None:
+    """promtool evaluates the Tenants row on two pods and twelve tenants; the Decisions panel
+    shows reason tenant_share.
+
+    Tenant t<i> is admitted i + 1 prompt tokens/s on pod a; t0 another 100 on pod b. The ten
+    largest are t0 (101) and t3..t11; t1 and t2 are left out. Refused tokens and share refusals
+    come from one tenant on both pods; served tokens are gauges, summed over the pods.
+    """
+    targets = row_targets("Tenants")
+    assert set(targets) == {
+        "Admitted prompt tokens/s by tenant (top 10)",
+        "Refused prompt tokens/s by tenant (top 10)",
+        "Share refusals by tenant (top 10)",
+        "Served tokens by tenant (top 10)",
+    }
+    pod = 'namespace="llm", workload="smollm2", pod="{}", tenant="{}"'
+    # Counters grow per 15 s step: 15 x (tokens/s) a step.
+    series = {f"slogate_tenant_admitted_prompt_tokens_total{{{pod.format('a', f't{i}')}}}": f"0+{15 * (i + 1)}x40"
+              for i in range(12)}  # fmt: skip
+    series |= {
+        f"slogate_tenant_admitted_prompt_tokens_total{{{pod.format('b', 't0')}}}": "0+1500x40",
+        f"slogate_tenant_refused_prompt_tokens_total{{{pod.format('a', 't5')}}}": "0+300x40",
+        f"slogate_tenant_refused_prompt_tokens_total{{{pod.format('b', 't5')}}}": "0+150x40",
+        f"slogate_tenant_refused_prompt_tokens_total{{{pod.format('a', 't0')}}}": "0+0x40",
+        f"slogate_tenant_share_refusals_total{{{pod.format('a', 't5')}}}": "0+15x40",
+        f"slogate_tenant_share_refusals_total{{{pod.format('b', 't5')}}}": "0+7.5x40",
+        f"slogate_tenant_served_tokens{{{pod.format('a', 't5')}}}": "4000x40",
+        f"slogate_tenant_served_tokens{{{pod.format('b', 't5')}}}": "1000x40",
+        f"slogate_tenant_served_tokens{{{pod.format('a', '_other')}}}": "250x40",
+        'slogate_decisions_total{namespace="llm", workload="smollm2", pod="a", outcome="reject", '
+        'reason="tenant_share", class="batch"}': "0+30x40",
+    }
+    reasons = next(concrete(e) for w, e in dashboard_exprs(dashboard()) if "Decisions by reason and class" in w)
+    admitted = [({"tenant": "t0"}, 101)] + [({"tenant": f"t{i}"}, i + 1) for i in range(3, 12)]
+    expected = {
+        targets["Admitted prompt tokens/s by tenant (top 10)"]: admitted,
+        targets["Refused prompt tokens/s by tenant (top 10)"]: [({"tenant": "t5"}, 30), ({"tenant": "t0"}, 0)],
+        targets["Share refusals by tenant (top 10)"]: [({"tenant": "t5"}, 1.5)],
+        targets["Served tokens by tenant (top 10)"]: [({"tenant": "t5"}, 5000), ({"tenant": "_other"}, 250)],
+        reasons: [({"reason": "tenant_share", "class": "batch"}, 2)],
+    }
+    assert_evaluates(tmp_path / "tenants.test.yaml", series, expected)

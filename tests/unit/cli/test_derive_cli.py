@@ -162,3 +162,37 @@ def test_the_help_states_what_slo_ttft_means() -> None:
     text = " ".join(done.stdout.split())
     assert "TTFT SLO, seconds, of every class in --classes without a ttft of its own" in text
     assert "required unless every class sets its own, refused if every class does" in text
+
+
+def test_tenants_derive_with_a_measured_output_weight(profile_file: Path) -> None:
+    done = derive("--profile", str(profile_file), "--slo-ttft", "2", "--tenant-weights", "acme:3,globex:1")
+    assert done.returncode == 0, done.stderr
+    printed = Thresholds.model_validate_json(done.stdout)
+    assert printed.tenants is not None
+    assert printed.tenants.weights == {"acme": 3, "globex": 1}
+    assert printed.tenants.output_weight_measured
+    # A decoded token costs R / (B · r_decode(B)) prompt tokens: 4 streams of 45 tok/s here.
+    assert printed.tenants.output_weight == pytest.approx(printed.prefill_tokens_per_second / (4 * 45))
+    plain = Thresholds.model_validate_json(derive("--profile", str(profile_file), "--slo-ttft", "2").stdout)
+    assert plain.tenants is None
+    defaults = Thresholds.model_validate_json(
+        derive("--profile", str(profile_file), "--slo-ttft", "2", "--tenants").stdout
+    )
+    assert defaults.tenants is not None
+    assert (defaults.tenants.header, defaults.tenants.weights) == ("X-Slogate-Tenant", {})
+
+
+@pytest.mark.parametrize(
+    ("weights", "fragment"),
+    [
+        ("acme", "expected name:weight"),
+        ("acme:x", "expected name:weight"),
+        ("acme:0", "greater than 0"),
+        ("a b:1", "a b"),
+    ],
+)
+def test_bad_tenant_weights_are_one_line(profile_file: Path, weights: str, fragment: str) -> None:
+    done = derive("--profile", str(profile_file), "--slo-ttft", "2", "--tenant-weights", weights)
+    assert done.returncode == 2
+    assert fragment in done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1

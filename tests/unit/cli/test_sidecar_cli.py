@@ -60,13 +60,16 @@ def test_each_flag_sets_its_field(flag: list[str], field: str, expected: Any) ->
 
 
 def test_every_setting_has_a_flag(tmp_path: Path) -> None:
-    token, classes = tmp_path / "token", tmp_path / "classes.json"
+    token, classes, tenants = tmp_path / "token", tmp_path / "classes.json", tmp_path / "tenants.json"
     token.write_text("t")
     classes.write_text('{"k": "batch"}')
+    tenants.write_text('{"k": "team-a"}')
     argv = [*BASE, "--admin-token-file", str(token), "--api-key-classes", str(classes)]
+    argv += ["--api-key-tenants", str(tenants)]
     files = settings_from(build_parser().parse_args(argv))
     assert (files.admin_token_file, files.api_key_classes) == (token, {"k": "batch"})
-    covered = {"upstream", "admin_token_file", "api_key_classes"} | {field for _, field, _ in FLAGS}
+    assert files.api_key_tenants == {"k": "team-a"}
+    covered = {"upstream", "admin_token_file", "api_key_classes", "api_key_tenants"} | {field for _, field, _ in FLAGS}
     assert covered == {f.name for f in dataclasses.fields(SidecarSettings)}
 
 

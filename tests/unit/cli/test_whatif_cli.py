@@ -146,3 +146,31 @@ def test_inputs_that_would_be_ignored_are_refused(args: list[str], fragment: str
     assert done.stdout == ""
     (line,) = done.stderr.splitlines()
     assert fragment in line
+
+
+def test_a_tenant_over_its_share_is_told_so_with_its_own_retry_after() -> None:
+    # The worked example's 1,100 queued tokens, all its tenant's, beside one other active tenant:
+    # half the 2,400-token budget is 1,200, and 1,100 + 800 exceed it by 700 tokens, which
+    # drain at half the 1,200 tok/s rate in 700 / 600 s. The TTFT alone would admit it.
+    out = what_if(*SPEC, "--queued-tokens", "1100", "--tenant-held-tokens", "1100", "--active-tenant-weight", "2")
+    assert out["tenant_share_tokens"] == pytest.approx(1200)
+    assert out["tenant_excess_tokens"] == pytest.approx(700)
+    assert out["admit"] is False
+    assert out["reasons"] == ["tenant_share"]
+    assert out["retry_after_s"] == pytest.approx(700 / 600)
+    # Alone in its class (or holding nothing) no share limits it: the TTFT verdict stands.
+    alone = what_if(*SPEC, "--queued-tokens", "1100", "--tenant-held-tokens", "1100", "--active-tenant-weight", "1")
+    assert (alone["admit"], alone["tenant_excess_tokens"]) == (True, 0)
+    weighted = what_if(
+        *SPEC,
+        "--queued-tokens",
+        "100",
+        "--tenant-held-tokens",
+        "100",
+        "--tenant-weight",
+        "3",
+        "--active-tenant-weight",
+        "4",
+    )
+    assert weighted["tenant_share_tokens"] == pytest.approx(1800)
+    assert weighted["admit"] is True

@@ -8,19 +8,14 @@ an hour), so the counts are exact, not averages of a noisy run.
 
 from __future__ import annotations
 
-import asyncio
-import functools
-import json
 import os
 import re
-import threading
 import time
 from collections import Counter
 from collections.abc import Iterator
-from typing import Any
 
-import aiohttp.web
 import pytest
+from counting_sidecars import CountingSidecars
 from operator_flows import apply_and_calibrate, status_of
 
 from canned_profiles import smollm2_profile
@@ -28,7 +23,6 @@ from emulated_cluster import DEPLOYMENTS, POLICIES, Cluster
 from kopf_thread import passes, running_operator
 from manifests import admission_policy, llama_deployment
 from polling import eventually
-from ports import free_ports
 from project_files import ROOT
 from slogate_calibration.output import compact_json
 from slogate_operator import names
@@ -48,47 +42,6 @@ def quiet(cluster: Cluster, polls: int = 10) -> None:
         time.sleep(0.1)
         now = cluster.call_mark()
         seen, still = now, (still + 1 if now == seen else 0)
-
-
-class CountingSidecars:
-    """Sidecar admin APIs on 127.0.0.x: they take a push and say what they serve; every request counted."""
-
-    def __init__(self, cluster: Cluster, count: int, *, hang: bool = False) -> None:
-        self.cluster, self.hang = cluster, hang
-        (self.port,) = free_ports()
-        self.requests: Counter[str] = Counter()
-        self.open = 0
-        self.release = threading.Event()
-        self.served: dict[str, Any] = {}
-        self.ips = [f"127.0.0.{10 + i}" for i in range(count)]
-        self._runners = [cluster.loop.run(self._start(ip)) for ip in self.ips]
-
-    async def _start(self, ip: str) -> aiohttp.web.AppRunner:
-        app = aiohttp.web.Application()
-        app.router.add_get("/slogate/v1/state", functools.partial(self._answer, ip))
-        app.router.add_put("/slogate/v1/thresholds", functools.partial(self._answer, ip))
-        runner = aiohttp.web.AppRunner(app)
-        await runner.setup()
-        await aiohttp.web.TCPSite(runner, ip, self.port).start()
-        return runner
-
-    async def _answer(self, ip: str, request: aiohttp.web.Request) -> aiohttp.web.Response:
-        self.requests[request.method] += 1
-        if self.hang:  # accepted, never answered: what a frozen pod does to the operator
-            self.open += 1
-            try:
-                while not self.release.is_set():
-                    await asyncio.sleep(0.05)
-            finally:
-                self.open -= 1
-        if request.method == "PUT":
-            self.served[ip] = json.loads(await request.read())
-        return aiohttp.web.json_response({"thresholds": self.served.get(ip)})
-
-    def close(self) -> None:
-        self.release.set()
-        for runner in self._runners:
-            self.cluster.loop.run(runner.cleanup())
 
 
 @pytest.fixture

@@ -27,6 +27,7 @@ from canned_profiles import NOW, smollm2_profile
 from project_files import CRD, SCHEMA
 from slogate_admission.derivation import derive_thresholds
 from slogate_admission.schema import Policy
+from slogate_admission.tenant_schema import DEFAULT_MAX_TRACKED, OTHER_TENANTS
 from slogate_operator.spec import OperatorSpec, SpecError, parse_spec
 from slogate_operator.status import ConditionType, thresholds_summary
 
@@ -212,6 +213,26 @@ INVALID: dict[str, Callable[[dict[str, Any]], None]] = {
     "autoscaling polling interval zero": _set("autoscaling", {"pollingIntervalSeconds": 0}),
     "autoscaling metric window zero": _set("autoscaling", {"metricWindowSeconds": 0}),
     "autoscaling server address not a URL": _set("autoscaling", {"prometheus": {"serverAddress": "prometheus:9090"}}),
+    "tenants weights past maxTracked (CEL)": _set("tenants", {"maxTracked": 2, "weights": {"a": 1, "b": 2, "c": 3}}),
+    "tenants weights past the default maxTracked (CEL)": _set(
+        "tenants", {"weights": {f"team-{i}": 1 for i in range(DEFAULT_MAX_TRACKED + 1)}}
+    ),
+    "tenants weight zero": _set("tenants", {"weights": {"acme": 0}}),
+    "tenants weight negative": _set("tenants", {"weights": {"acme": -2}}),
+    "tenants weight above a million": _set("tenants", {"weights": {"acme": 2e6}}),
+    "tenants weight not a number": _set("tenants", {"weights": {"acme": "heavy"}}),
+    "tenants name starting with _ (CEL)": _set("tenants", {"weights": {OTHER_TENANTS: 2}}),
+    "tenants name with a space (CEL)": _set("tenants", {"weights": {"acme corp": 2}}),
+    "tenants name of 129 characters (CEL)": _set("tenants", {"weights": {"a" * 129: 2}}),
+    "tenants empty name (CEL)": _set("tenants", {"weights": {"": 2}}),
+    "tenants header with an underscore": _set("tenants", {"header": "X_Tenant"}),
+    "tenants header empty": _set("tenants", {"header": ""}),
+    "tenants header of 65 characters": _set("tenants", {"header": "X" * 65}),
+    "tenants maxTracked zero": _set("tenants", {"maxTracked": 0}),
+    "tenants maxTracked above 10000": _set("tenants", {"maxTracked": 10_001}),
+    "tenants output weight zero": _set("tenants", {"outputWeight": 0}),
+    "tenants half-life zero": _set("tenants", {"halfLifeSeconds": 0}),
+    "tenants half-life negative": _set("tenants", {"halfLifeSeconds": -60}),
 }
 
 
@@ -250,6 +271,10 @@ EVERY_AUTOSCALING_FIELD = {
     "scaleUpStabilizationSeconds": 3600, "scaleDownStabilizationSeconds": 0, "pollingIntervalSeconds": 1,
     "metricWindowSeconds": 30, "prometheus": {"serverAddress": "https://prometheus.example:9090/"},
 }  # fmt: skip
+EVERY_TENANTS_FIELD = {
+    "header": "X-Team", "weights": {"acme": 3, "globex": 0.5}, "maxTracked": 10_000, "outputWeight": 2.5,
+    "halfLifeSeconds": 30,
+}  # fmt: skip
 VALID: dict[str, Callable[[dict[str, Any]], None]] = {
     "slo.ttftSeconds for the one class without its own": _all(
         _set("slo.ttftSeconds", 20), _set("classes.1.ttftSeconds", _DELETE)
@@ -258,6 +283,12 @@ VALID: dict[str, Callable[[dict[str, Any]], None]] = {
     "no classes, slo.ttftSeconds": _all(_set("classes", _DELETE), _set("slo.ttftSeconds", 2)),
     "autoscaling with every field": _set("autoscaling", EVERY_AUTOSCALING_FIELD),
     "autoscaling disabled without maxReplicas": _set("autoscaling", {"enabled": False, "minReplicas": 4}),
+    "tenants with every field": _set("tenants", EVERY_TENANTS_FIELD),
+    "tenants empty: every default": _set("tenants", {}),
+    "tenants weights exactly maxTracked": _set("tenants", {"maxTracked": 2, "weights": {"a": 1, "b": 0.5}}),
+    "tenants names of every allowed character": _set(
+        "tenants", {"weights": {"9" + "a" * 127: 1, "org/team:app@eu.west-1_x": 3, "A": 1e6}}
+    ),
 }
 
 

@@ -15,13 +15,12 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from canned_profiles import smollm2_profile
-from held_upstream import HeldUpstream, held_upstream
+from held_upstream import HeldUpstream, held_upstream, hold, until
 from ports import free_ports
 from sidecar_harness import RunningSidecar, sidecar_in_front_of, thresholds_for
 from slogate_admission.decision import Outcome, Request
@@ -59,30 +58,6 @@ async def ask(gate: RunningSidecar, body: dict[str, Any], path: str = "/completi
     async with gate.session.post(gate.url + path, json=body) as response:
         text = await response.text()
         return Answer(response.status, response.headers.get("Retry-After"), json.loads(text) if text else {})
-
-
-async def hold(gate: RunningSidecar, fake: HeldUpstream, prompt_tokens: int, n_predict: int = 4) -> asyncio.Task[int]:
-    """A streamed generation admitted and held upstream before its first token."""
-    started = fake.started
-
-    async def generate() -> int:
-        body = {"prompt": [1] * prompt_tokens, "n_predict": n_predict, "stream": True}
-        async with gate.session.post(gate.url + "/completion", json=body) as response:
-            await response.read()
-            return response.status
-
-    task = asyncio.create_task(generate())
-    await until(lambda: fake.started > started or task.done())
-    assert fake.started == started + 1, "the request to hold was not admitted"
-    return task
-
-
-async def until(condition: Callable[[], bool]) -> None:
-    """Wait (bounded, 10 s) for an asynchronous consequence; the caller asserts it."""
-    for _ in range(200):
-        if condition():
-            return
-        await asyncio.sleep(0.05)
 
 
 def safe_to_retry(answer: Answer, status: int, fake: HeldUpstream | None, generations_before: int) -> None:
