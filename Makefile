@@ -169,7 +169,7 @@ bench-autoscale: dev $(VENV)/.slogate-bench
 	$(PY) -m slogate_bench.autoscale_simulation
 	$(PY) -m slogate_bench.autoscale_report
 
-# About 15 minutes, the real llama-server (one thread): the noisy neighbour of issue 17. Tenant A
+# About 16 minutes, the real llama-server (one thread): the noisy neighbour of issue 17. Tenant A
 # offers 4x the calibrated capacity and tenant B 0.25x, in one class, through the sidecar with
 # and without spec.tenants, and B alone; writes docs/bench/tenants.json, its figure and the
 # "Tenants" section of docs/benchmarks.md (with the simulated block of bench-tenants-sim).

@@ -72,7 +72,7 @@ from slogate_calibration.runtime import LlamaRuntime, locate
 
 LOADS = {NOISY: 4.0, LIGHT: 0.25}
 """Each tenant's offered load, x μ."""
-SEEDS = (1, 2, 3)
+SEEDS = (1, 2, 3, 4, 5)
 SECONDS = 60.0
 """Each run's arrival window: B sends about 0.25 μ x 60 s ≈ 12 requests a run at one thread's μ ≈ 0.8/s.
 Nine runs of about 75 s (the window, the last clients' patience, fresh processes) and one
