@@ -75,8 +75,9 @@ LOADS = {NOISY: 4.0, LIGHT: 0.25}
 SEEDS = (1, 2, 3, 4, 5)
 SECONDS = 60.0
 """Each run's arrival window: B sends about 0.25 μ x 60 s ≈ 12 requests a run at one thread's μ ≈ 0.8/s.
-Nine runs of about 75 s (the window, the last clients' patience, fresh processes) and one
-calibration (at most ``CALIBRATION_BUDGET_S``) keep `make bench-tenants` near 15 minutes."""
+Fifteen runs of about 63 s (the window, the last clients' patience, fresh processes; 9.3 min
+for nine) and one calibration (at most ``CALIBRATION_BUDGET_S``, cached after) keep
+`make bench-tenants` near 16 minutes."""
 WORKLOAD = "chat"
 OUT = Path("docs/bench/tenants.json")
 OUTCOME_KEYS = ("requests", "ok", "within_slo", "rejected", "refused", "timeout", "error")
