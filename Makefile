@@ -27,7 +27,7 @@ help:
 	@echo "make bench-fleet - two 1-thread pods behind nginx, six fronts at 1x/2x/4x (~14 min): docs/fleet.md"
 	@echo "make bench-fleet-sim - the fleet simulator against bench-fleet, then 10/100/1,000 pods (~15 min): docs/fleet.md"
 	@echo "make bench-autoscale - an HPA on CPU, waiting and slogate's demand, simulated (~3 min): docs/autoscaling.md"
-	@echo "make bench-tenants  - the noisy neighbour on the real llama-server (~15 min): docs/benchmarks.md"
+	@echo "make bench-tenants  - the noisy neighbour on the real llama-server (~16 min): docs/benchmarks.md"
 	@echo "make bench-tenants-sim - 100 Zipf tenants, simulated (a few min): docs/benchmarks.md"
 	@echo "make soak   - ten minutes at 3x capacity through the gate: docs/reliability.md"
 	@echo "make e2e    - the kind end-to-end suite (needs docker, kind, kubectl, helm; skips without)"

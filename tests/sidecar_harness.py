@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, replace
@@ -74,3 +75,27 @@ async def sidecar_in_front_of(
                 break
             await asyncio.sleep(0.05)
         yield RunningSidecar(sidecar, f"http://127.0.0.1:{port}", f"http://127.0.0.1:{admin_port}", session)
+
+
+@dataclass(frozen=True)
+class Answer:
+    """A request's answer: status, Retry-After and JSON body."""
+
+    status: int
+    retry_after: str | None
+    body: dict[str, Any]
+
+    @property
+    def reasons(self) -> list[str]:
+        """The refusal's reasons (``slogate.reasons``), in the gate's order."""
+        return list(self.body.get("slogate", {}).get("reasons", []))
+
+
+async def ask(
+    gate: RunningSidecar, body: dict[str, Any], headers: dict[str, str] | None = None, path: str = "/completion"
+) -> Answer:
+    """One request, answered at once (a refusal, or a generation the upstream does not hold)."""
+    async with gate.session.post(gate.url + path, json=body, headers=headers) as response:
+        text = await response.text()
+        data = json.loads(text) if text and response.content_type == "application/json" else {}
+        return Answer(response.status, response.headers.get("Retry-After"), data)

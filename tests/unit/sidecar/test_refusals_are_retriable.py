@@ -14,32 +14,18 @@ docs/routing.md, "A refusal is safe to retry".
 from __future__ import annotations
 
 import asyncio
-import json
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from canned_profiles import smollm2_profile
 from held_upstream import HeldUpstream, held_upstream, hold, until
 from ports import free_ports
-from sidecar_harness import RunningSidecar, sidecar_in_front_of, thresholds_for
+from sidecar_harness import Answer, ask, sidecar_in_front_of, thresholds_for
 from slogate_admission.decision import Outcome, Request
 from slogate_admission.schema import Thresholds
 
 QUIET = {"poll_interval_s": 3600.0, "upstream_read_timeout_s": 10.0}
 """One upstream poll at start, then none: every later upstream call is the request's. (A
 request admitted by mistake would wait for a held generation: it fails in 10 s, not 60.)"""
-
-
-@dataclass(frozen=True)
-class Answer:
-    status: int
-    retry_after: str | None
-    body: dict[str, Any]
-
-    @property
-    def reasons(self) -> set[str]:
-        return set(self.body.get("slogate", {}).get("reasons", []))
 
 
 def policy(slo: float = 2.0, cap: int = 4, max_wait: float | None = None, l_max: int | None = None) -> Thresholds:
@@ -51,13 +37,6 @@ def policy(slo: float = 2.0, cap: int = 4, max_wait: float | None = None, l_max:
         return derived
     classes = tuple(c.model_copy(update={"l_max": l_max}) for c in derived.classes)
     return derived.model_copy(update={"classes": classes, "l_max": l_max})
-
-
-async def ask(gate: RunningSidecar, body: dict[str, Any], path: str = "/completion") -> Answer:
-    """One request answered with a JSON body (a refusal, here)."""
-    async with gate.session.post(gate.url + path, json=body) as response:
-        text = await response.text()
-        return Answer(response.status, response.headers.get("Retry-After"), json.loads(text) if text else {})
 
 
 def safe_to_retry(answer: Answer, status: int, fake: HeldUpstream | None, generations_before: int) -> None:
@@ -81,7 +60,7 @@ async def test_a_ttft_refusal_and_a_refusal_after_counting_start_no_generation(t
 
         ttft = await ask(gate, {"prompt": [1] * 250, "n_predict": 4})
         safe_to_retry(ttft, 429, fake, before)
-        assert ttft.reasons == {"ttft"}
+        assert ttft.reasons == ["ttft"]
 
         # Text is counted by llama-server's /tokenize once an empty prompt would pass: that call
         # generates nothing and holds no slot; the refusal that follows starts no generation.
@@ -89,7 +68,7 @@ async def test_a_ttft_refusal_and_a_refusal_after_counting_start_no_generation(t
         tokenized = fake.calls["/tokenize"]
         counted = await ask(gate, {"prompt": "x" * 800, "n_predict": 4})  # the fake counts 200 tokens
         safe_to_retry(counted, 429, fake, before)
-        assert counted.reasons == {"ttft"}
+        assert counted.reasons == ["ttft"]
         assert fake.calls["/tokenize"] == tokenized + 1
 
         fake.release()
@@ -106,7 +85,7 @@ async def test_full_slots_are_refused_before_counting_the_prompt(tmp_path: Path)
         for body in (TOKENS, {"prompt": "a text prompt, counted only if an empty one would pass", "n_predict": 4}):
             answer = await ask(gate, body)
             safe_to_retry(answer, 429, fake, before)
-            assert answer.reasons == {"concurrency"}
+            assert answer.reasons == ["concurrency"]
         assert fake.calls["/tokenize"] == tokenized  # the zero-token pre-check refused it first
         fake.release()
         assert await held == 200
@@ -120,7 +99,7 @@ async def test_a_full_kv_cache_is_refused(tmp_path: Path) -> None:
         before = fake.generations
         answer = await ask(gate, {"prompt": [1] * 10, "n_predict": 1500})
         safe_to_retry(answer, 429, fake, before)
-        assert answer.reasons == {"kv"}
+        assert answer.reasons == ["kv"]
         fake.release()
         assert await asyncio.gather(*held) == [200] * 2
 
@@ -132,7 +111,7 @@ async def test_a_full_deferral_queue_is_refused(tmp_path: Path) -> None:
         before = fake.generations
         answer = await ask(gate, TOKENS)
         safe_to_retry(answer, 429, fake, before)
-        assert answer.reasons == {"concurrency", "queue_full"}
+        assert answer.reasons == ["concurrency", "queue_full"]
         fake.release()
         assert await held == 200
 
@@ -147,7 +126,7 @@ async def test_a_deferral_that_runs_out_is_refused(tmp_path: Path) -> None:
         assert gate.sidecar.gate.deferred == 1  # it waited for the slot ...
         answer = await waiting  # ... which stayed busy past its deadline
         safe_to_retry(answer, 429, fake, before)
-        assert answer.reasons == {"concurrency"}
+        assert answer.reasons == ["concurrency"]
         fake.release()
         assert await held == 200
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +21,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from canned_profiles import smollm2_profile
 from fake_upstream import fake_upstream
 from held_upstream import held_upstream, hold, until
-from sidecar_harness import RunningSidecar, sidecar_in_front_of, thresholds_for
+from sidecar_harness import RunningSidecar, ask, sidecar_in_front_of, thresholds_for
 from slogate_admission.schema import Thresholds
 from slogate_admission.tenant_schema import OTHER_TENANTS
 from slogate_llama.routes import Route
@@ -39,25 +38,6 @@ def policy(tenants: dict[str, Any] | None = None, **more: Any) -> Thresholds:
     """One class, SLO 3 s, four slots; ``tenants``: the policy's ``tenants`` (None: none)."""
     extra = {"tenants": tenants} if tenants is not None else {}
     return thresholds_for(smollm2_profile(), **extra, **more)
-
-
-@dataclass(frozen=True)
-class Answer:
-    status: int
-    retry_after: str | None
-    body: dict[str, Any]
-
-    @property
-    def reasons(self) -> list[str]:
-        return list(self.body.get("slogate", {}).get("reasons", []))
-
-
-async def ask(gate: RunningSidecar, body: dict[str, Any], headers: dict[str, str] | None = None) -> Answer:
-    """One request, answered at once (a refusal, or a generation the fake does not hold)."""
-    async with gate.session.post(gate.url + "/completion", json=body, headers=headers) as response:
-        text = await response.text()
-        data = json.loads(text) if text and response.content_type == "application/json" else {}
-        return Answer(response.status, response.headers.get("Retry-After"), data)
 
 
 async def tenant_samples(gate: RunningSidecar) -> dict[str, dict[str, float]]:
