@@ -1,5 +1,5 @@
-"""The autoscaling step of the kind suite (docs/operator.md, "Autoscaling"), on a cluster
-that has neither KEDA nor prometheus-adapter (kind has neither):
+"""The autoscaling step of the end-to-end suite (docs/operator.md, "Autoscaling"), on a
+cluster that has neither KEDA nor prometheus-adapter (the suite's real cluster has neither):
 
 1. `engine: hpa`: the operator creates an autoscaling/v2 HPA owned by the policy, aimed at
    the Deployment on the External metric `slogate_demand_pods`; the real HPA controller

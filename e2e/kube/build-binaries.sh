@@ -1,0 +1,102 @@
+#!/usr/bin/env bash
+# Build the real cluster's binaries from the Go module proxy, pinned by versions.env, into a
+# cache keyed by version. Idempotent: a component whose stamp file exists is skipped.
+#   kubernetes-<v>/bin: kube-apiserver kube-controller-manager kube-scheduler kubelet kube-proxy kubectl
+#   etcd-<v>/bin: etcd
+#   helm-<v>/bin: helm
+#   coredns-<v>/bin: coredns (the cluster's DNS, as every conformant cluster has)
+# k8s.io/kubernetes cannot be `go install`ed (its go.mod replaces its staging modules by path),
+# so it is built from a throw-away wrapper module that requires it and replaces every staging
+# module with its published twin k8s.io/X v0.<minor>.<patch>, derived from k8s.io/kubernetes's
+# own go.mod (never a hand-kept list). Static (CGO off), trimmed, version-stamped so /version
+# tells the truth (helm's kubeVersion checks read it).
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+# shellcheck source=versions.env
+source "$here/versions.env"
+cache=${SLOGATE_KUBE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/slogate/kube}
+export CGO_ENABLED=0 GOFLAGS=-buildvcs=false GOTOOLCHAIN=local
+mkdir -p "$cache"
+
+log() { printf '[kube-build %s] %s\n' "$(date -u +%H:%M:%S)" "$*"; }
+
+wrapper() {  # wrapper DIR: a fresh module with no code of its own
+  rm -rf "$1"; mkdir -p "$1"; (cd "$1" && go mod init local/wrapper >/dev/null 2>&1)
+}
+
+build_kubernetes() {
+  local out="$cache/kubernetes-$KUBE_VERSION"
+  [ -f "$out/.complete" ] && { log "kubernetes $KUBE_VERSION: cached"; return; }
+  local minor=${KUBE_VERSION#*.}; minor=${minor%%.*}
+  local staging="v0.${KUBE_VERSION#*.}"
+  local w="$cache/.work-kubernetes-$KUBE_VERSION"
+  log "kubernetes $KUBE_VERSION: resolving (staging modules at $staging)"
+  wrapper "$w"; cd "$w"
+  go mod edit -go=1.25.0 -godebug=default=go1.25
+  local kmod
+  kmod=$(go mod download -json "k8s.io/kubernetes@v$KUBE_VERSION" \
+    | python3 -c 'import json,sys; print(json.load(sys.stdin)["GoMod"])')
+  local replaced=0
+  for m in $(sed -n 's#^[[:space:]]*\(k8s\.io/[a-z0-9-]*\) => \./staging/.*#\1#p' "$kmod"); do
+    go mod edit -replace="$m=$m@$staging"; replaced=$((replaced + 1))
+  done
+  log "kubernetes $KUBE_VERSION: $replaced staging modules replaced"
+  local cmds=(kube-apiserver kube-controller-manager kube-scheduler kubelet kube-proxy kubectl)
+  local pkgs=()
+  for c in "${cmds[@]}"; do pkgs+=("k8s.io/kubernetes/cmd/$c@v$KUBE_VERSION"); done
+  go get "${pkgs[@]}"
+  local ld="-s -w" p
+  for p in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
+    ld="$ld -X $p.gitVersion=v$KUBE_VERSION -X $p.gitMajor=1 -X $p.gitMinor=$minor"
+    ld="$ld -X $p.gitTreeState=clean -X $p.buildDate=1970-01-01T00:00:00Z"
+  done
+  mkdir -p "$out/bin"
+  for c in "${cmds[@]}"; do
+    log "kubernetes $KUBE_VERSION: building $c"
+    go build -trimpath -tags selinux,notest -ldflags "$ld" -o "$out/bin/$c" "k8s.io/kubernetes/cmd/$c"
+  done
+  "$out/bin/kube-apiserver" --version
+  touch "$out/.complete"; cd /; rm -rf "$w"
+}
+
+build_etcd() {
+  local out="$cache/etcd-$ETCD_VERSION"
+  [ -f "$out/.complete" ] && { log "etcd $ETCD_VERSION: cached"; return; }
+  local w="$cache/.work-etcd-$ETCD_VERSION"
+  log "etcd $ETCD_VERSION: building"
+  wrapper "$w"; cd "$w"
+  go get "go.etcd.io/etcd/server/v3@v$ETCD_VERSION"
+  mkdir -p "$out/bin"
+  go build -trimpath -ldflags "-s -w" -o "$out/bin/etcd" go.etcd.io/etcd/server/v3
+  "$out/bin/etcd" --version | head -1
+  touch "$out/.complete"; cd /; rm -rf "$w"
+}
+
+build_helm() {
+  local out="$cache/helm-$HELM_VERSION"
+  [ -f "$out/.complete" ] && { log "helm $HELM_VERSION: cached"; return; }
+  log "helm $HELM_VERSION: building"
+  mkdir -p "$out/bin"
+  GOBIN="$out/bin" go install -trimpath \
+    -ldflags "-s -w -X helm.sh/helm/v4/internal/version.version=v$HELM_VERSION" \
+    "helm.sh/helm/v4/cmd/helm@v$HELM_VERSION"
+  "$out/bin/helm" version --short
+  touch "$out/.complete"
+}
+
+build_coredns() {
+  local out="$cache/coredns-$COREDNS_VERSION"
+  [ -f "$out/.complete" ] && { log "coredns $COREDNS_VERSION: cached"; return; }
+  log "coredns $COREDNS_VERSION: building"
+  mkdir -p "$out/bin"
+  GOBIN="$out/bin" go install -trimpath -ldflags "-s -w" "github.com/coredns/coredns@v$COREDNS_VERSION"
+  "$out/bin/coredns" -version | head -1
+  touch "$out/.complete"
+}
+
+start=$SECONDS
+build_etcd
+build_helm
+build_kubernetes
+build_coredns
+log "done in $((SECONDS - start)) s; binaries under $cache"

