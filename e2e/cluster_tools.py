@@ -220,6 +220,34 @@ print(json.dumps({"status": status, "headers": got, "body": base64.b64encode(dat
 """One HTTP exchange from inside a pod (python -c), answered as one JSON line on stdout."""
 
 
+IN_CLUSTER_LOAD = """\
+import json, os, sys, time, urllib.error, urllib.request
+url, body, stop, limit = sys.argv[1], sys.argv[2].encode(), sys.argv[3], float(sys.argv[4])
+tally, errors = {}, []
+deadline = time.monotonic() + limit
+while time.monotonic() < deadline and not os.path.exists(stop):
+    request = urllib.request.Request(url, data=body, method="POST", headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=60) as response:
+            response.read()
+            status = response.status
+    except urllib.error.HTTPError as error:
+        status = error.code
+    except Exception as error:
+        status = 0
+        errors.append(f"{type(error).__name__}: {error}")
+    tally[str(status)] = tally.get(str(status), 0) + 1
+print(json.dumps({"tally": tally, "errors": errors[:10]}))
+"""
+"""Requests one after another from inside a pod until a stop file appears (or a time limit),
+then one JSON line: the count of each status (0: no HTTP answer) and the first errors."""
+
+
+def in_cluster_load(url: str, body: object, *, stop_file: str, limit_s: float, python: str = "python") -> list[str]:
+    """The command that runs IN_CLUSTER_LOAD in a pod (stop it by creating `stop_file` there)."""
+    return [python, "-c", IN_CLUSTER_LOAD, url, json.dumps(body), stop_file, str(limit_s)]
+
+
 def in_cluster_command(
     method: str, url: str, body: object | None = None, *, headers: Mapping[str, str] | None = None,
     timeout_s: float = 120, python: str = "python",

@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import json
 import random
+import subprocess
+import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -29,6 +31,7 @@ from cluster_tools import (
     header,
     http,
     in_cluster_command,
+    in_cluster_load,
     is_true,
     metric_sum,
     parse_in_cluster_reply,
@@ -451,6 +454,45 @@ class TestSlogateOnARealCluster:
         job = policy["status"]["calibration"]["job"]
         assert kube.maybe_json("-n", APP_NAMESPACE, "get", "job", job) is not None, f"calibration Job {job} is gone"
 
+    def test_a_rolling_restart_under_load_loses_no_request(self, kube: Kube, deployed: Example) -> None:
+        """`kubectl rollout restart` while a client sends requests through the Service one after
+        another: the old pods' gates drain (preStop) while kube-proxy takes them out of the
+        Service, so every request gets an HTTP answer, none a 5xx or a reset."""
+        example = deployed
+        before = {p["metadata"]["name"] for p in running_pods(kube, example)}
+        url = f"http://{example.service}.{APP_NAMESPACE}.svc:{example.service_port}/completion"
+        stop = "/tmp/slogate-e2e-stop-load"
+        kube("-n", APP_NAMESPACE, "exec", CLIENT_POD, "--", "rm", "-f", stop, hint="the client pod")
+        load = subprocess.Popen(
+            ["kubectl", f"--kubeconfig={kube.kubeconfig}", "-n", APP_NAMESPACE, "exec", CLIENT_POD, "--",
+             *in_cluster_load(url, COMPLETION, stop_file=stop, limit_s=seconds(900))],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        try:
+            time.sleep(5)  # requests flow before the restart
+            kube("-n", APP_NAMESPACE, "rollout", "restart", f"deployment/{example.deployment}", hint="kubectl rollout")
+            pods = wait_until(
+                "the restart rolled every pod",
+                lambda: (
+                    (found := rolled_out(kube, example, with_sidecar=True))
+                    and not before & {p["metadata"]["name"] for p in found}
+                    and found
+                ),
+                timeout_s=seconds(600),
+                hint=f"kubectl -n {APP_NAMESPACE} rollout status deployment/{example.deployment}",
+            )
+            time.sleep(5)  # and after it
+        finally:
+            kube("-n", APP_NAMESPACE, "exec", CLIENT_POD, "--", "touch", stop, hint="the client pod")
+            out, err = load.communicate(timeout=seconds(180))
+        assert load.returncode == 0, err
+        result = json.loads(out.strip().splitlines()[-1])
+        tally = {int(k): v for k, v in result["tally"].items()}
+        failed = {status: n for status, n in tally.items() if status == 0 or status >= 500}
+        assert failed == {}, f"client-visible errors during the restart: {tally}; first: {result['errors']}"
+        assert tally.get(200, 0) >= 10, f"too few requests answered to judge the restart: {tally}"
+        assert len(pods) == example.replicas
+
     def test_autoscaling_owns_its_autoscaler_and_never_the_replicas(self, kube: Kube, deployed: Example) -> None:
         check_autoscaling(kube, deployed)  # autoscaling_steps.py says what and why
 
@@ -458,6 +500,8 @@ class TestSlogateOnARealCluster:
         example = deployed
         availability = Availability(kube, example)
         availability.sample()
+        owned = owned_by_the_policy(kube, example)
+        assert owned, "the policy owns nothing (a calibration Job, the thresholds ConfigMap, the token Secret)"
         # Not waiting in kubectl: the Service is watched while the finalizer takes the gate out.
         kube("-n", APP_NAMESPACE, "delete", "admissionpolicy", example.policy, "--wait=false",
              hint=f"kubectl -n {APP_NAMESPACE} get admpol {example.policy}")  # fmt: skip
@@ -490,6 +534,31 @@ class TestSlogateOnARealCluster:
         wait_for_endpoints(kube, example, example.llama_port, pods, "llama-server's port")
         served_by_llama_server(kube, example, "after the policy was deleted")
         assert policy_of(kube, example) is None
+        # The real garbage collector removes what the policy owned (ownerReferences).
+        wait_until(
+            f"the garbage collector removed what the policy owned ({sorted(owned)})",
+            lambda: not owned_by_the_policy(kube, example),
+            timeout_s=seconds(180),
+            hint="kube-controller-manager's garbage collector; ownerReferences of the objects listed",
+            describe=lambda: str(sorted(owned_by_the_policy(kube, example))),
+        )
+
+
+OWNED_KINDS = "jobs,pods,configmaps,secrets,horizontalpodautoscalers"
+
+
+def owned_by_the_policy(kube: Kube, example: Example) -> set[str]:
+    """`kind/name` of every object in the app namespace that an AdmissionPolicy of that name owns
+    (directly, or through a Job it owns: the calibration pods)."""
+    items = kube.json("-n", APP_NAMESPACE, "get", OWNED_KINDS, hint="kubectl get")["items"]
+    owned: set[str] = set()
+    for _ in range(2):  # a pod owned by a Job the policy owns
+        for item in items:
+            for ref in item["metadata"].get("ownerReferences") or ():
+                if (ref["kind"] == "AdmissionPolicy" and ref["name"] == example.policy) or \
+                        f"{ref['kind']}/{ref['name']}" in owned:  # fmt: skip
+                    owned.add(f"{item['kind']}/{item['metadata']['name']}")
+    return owned
 
 
 def burst_with_class(url: str, bodies: list[dict[str, Any]], klass: str) -> list[Reply]:
