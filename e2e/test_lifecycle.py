@@ -20,9 +20,12 @@ import random
 import subprocess
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, TypeVar
 
+import pytest
 from autoscaling_steps import check_autoscaling
+from cluster import AUDIT_LOG
 from cluster_tools import (
     Kube,
     Reply,
@@ -413,6 +416,28 @@ class TestSlogateOnARealCluster:
         assert rejected > 0
         assert retry_afters >= 1  # the Retry-After values sent are recorded
 
+    def test_a_steady_operator_writes_nothing(
+        self, kube: Kube, deployed: Example, capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        """Injection survives the real API server's defaulting: with the policy Ready and nothing
+        changing, the operator's resync passes write nothing (the real server's audit log, every
+        call of the operator's ServiceAccount; kopf's peering keepalive aside)."""
+        example = deployed
+        window_s = 2.5 * RESYNC_SECONDS
+        start = audit_mark(kube)
+        time.sleep(window_s)
+        calls = operator_calls(kube, since=start)
+        writes = [c for c in calls if c["verb"] in WRITES and c["resource"] not in PEERING]
+        reads = [c for c in calls if c["verb"] in ("get", "list")]
+        passes = window_s / RESYNC_SECONDS
+        with capsys.disabled():  # the measurement, in the run's output
+            print(f"\nsteady window {window_s:g} s (~{passes:g} resync passes): {len(writes)} writes, "
+                  f"{len(reads)} reads ({len(reads) / passes:.1f} a pass), "
+                  f"{sum(c['resource'] in PEERING for c in calls)} peering keepalives")  # fmt: skip
+        assert writes == [], f"the operator wrote while nothing changed: {writes}"
+        assert reads, "no resync pass read anything in the window: is the operator running?"
+        assert is_true(policy_of(kube, example), "Ready")
+
     def test_new_thread_count_recalibrates_every_sidecar(self, kube: Kube, deployed: Example) -> None:
         example = deployed
         old = TestSlogateOnARealCluster.calibration_id
@@ -454,7 +479,9 @@ class TestSlogateOnARealCluster:
         job = policy["status"]["calibration"]["job"]
         assert kube.maybe_json("-n", APP_NAMESPACE, "get", "job", job) is not None, f"calibration Job {job} is gone"
 
-    def test_a_rolling_restart_under_load_loses_no_request(self, kube: Kube, deployed: Example) -> None:
+    def test_a_rolling_restart_under_load_loses_no_request(
+        self, kube: Kube, deployed: Example, capsys: pytest.CaptureFixture[str]
+    ) -> None:
         """`kubectl rollout restart` while a client sends requests through the Service one after
         another: the old pods' gates drain (preStop) while kube-proxy takes them out of the
         Service, so every request gets an HTTP answer, none a 5xx or a reset."""
@@ -488,6 +515,8 @@ class TestSlogateOnARealCluster:
         assert load.returncode == 0, err
         result = json.loads(out.strip().splitlines()[-1])
         tally = {int(k): v for k, v in result["tally"].items()}
+        with capsys.disabled():  # the measurement, in the run's output
+            print(f"\nrequests through the Service during the restart, by status: {dict(sorted(tally.items()))}")
         failed = {status: n for status, n in tally.items() if status == 0 or status >= 500}
         assert failed == {}, f"client-visible errors during the restart: {tally}; first: {result['errors']}"
         assert tally.get(200, 0) >= 10, f"too few requests answered to judge the restart: {tally}"
@@ -559,6 +588,41 @@ def owned_by_the_policy(kube: Kube, example: Example) -> set[str]:
                         f"{ref['kind']}/{ref['name']}" in owned:  # fmt: skip
                     owned.add(f"{item['kind']}/{item['metadata']['name']}")
     return owned
+
+
+RESYNC_SECONDS = 30.0
+"""The operator's resync period (OperatorSettings.resync_seconds' default, which the chart keeps)."""
+WRITES = ("create", "update", "patch", "delete", "deletecollection")
+PEERING = ("clusterkopfpeerings", "kopfpeerings")
+"""kopf's keepalive of its peering object: its liveness, not a pass's work."""
+
+
+def audit_log(kube: Kube) -> Path:
+    """The API server's audit log of this run (e2e/kube/cluster.py writes it beside the kubeconfig)."""
+    return kube.kubeconfig.parent / AUDIT_LOG
+
+
+def audit_mark(kube: Kube) -> int:
+    """Where the audit log ends now (a byte offset)."""
+    return audit_log(kube).stat().st_size
+
+
+def operator_calls(kube: Kube, *, since: int) -> list[dict[str, str]]:
+    """The operator's calls after `since` (its ServiceAccount's), as verb, resource, namespace, name."""
+    prefix = f"system:serviceaccount:{RELEASE_NAMESPACE}:"
+    with audit_log(kube).open("rb") as log:
+        log.seek(since)
+        lines = log.read().decode(errors="replace").splitlines()
+    calls = []
+    for line in lines:
+        event = json.loads(line)
+        if event.get("stage") != "ResponseComplete" or not event["user"]["username"].startswith(prefix):
+            continue
+        ref = event.get("objectRef") or {}
+        resource = ref.get("resource", "") + (f"/{ref['subresource']}" if ref.get("subresource") else "")
+        calls.append({"verb": event["verb"], "resource": resource, "namespace": ref.get("namespace", ""),
+                      "name": ref.get("name", "")})  # fmt: skip
+    return calls
 
 
 def burst_with_class(url: str, bodies: list[dict[str, Any]], klass: str) -> list[Reply]:

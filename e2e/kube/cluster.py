@@ -51,6 +51,17 @@ API_PORT = 6443
 KERNEL_TUNABLES = ("vm/overcommit_memory", "kernel/panic", "kernel/panic_on_oops")
 """What the kubelet sets on start (protectKernelDefaults off): saved and restored."""
 CGROUP_ROOTS = ("kubepods", "k8s.io")
+AUDIT_LOG = "audit.log"
+"""In the run's directory: every call a ServiceAccount makes (metadata only), as the API
+server's audit log records it, so a test can count what the operator read and wrote."""
+AUDIT_POLICY = """apiVersion: audit.k8s.io/v1
+kind: Policy
+omitStages: ["RequestReceived", "ResponseStarted"]
+rules:
+  - level: Metadata
+    userGroups: ["system:serviceaccounts"]
+  - level: None
+"""
 
 
 def versions() -> dict[str, str]:
@@ -203,6 +214,7 @@ class Cluster:
                              "--unsafe-no-fsync", "--log-level", "warn"])  # fmt: skip
         wait_for("etcd", lambda: _http_ok(f"http://127.0.0.1:{etcd_port}/health"), timeout_s=60,
                  log=self.logs / "etcd.log")  # fmt: skip
+        (self.workdir / "audit-policy.yaml").write_text(AUDIT_POLICY)
         self._spawn("kube-apiserver", [
             b.k8s("kube-apiserver"), f"--etcd-servers=http://127.0.0.1:{etcd_port}",
             f"--bind-address={HOST_IP}", f"--advertise-address={HOST_IP}", f"--secure-port={API_PORT}",
@@ -216,6 +228,8 @@ class Cluster:
             f"--kubelet-client-certificate={pki.cert('apiserver-kubelet-client')}",
             f"--kubelet-client-key={pki.key('apiserver-kubelet-client')}",
             "--kubelet-preferred-address-types=InternalIP", "--profiling=false", "--v=1",
+            f"--audit-policy-file={self.workdir / 'audit-policy.yaml'}",
+            f"--audit-log-path={self.workdir / AUDIT_LOG}", "--audit-log-maxsize=200",
         ])  # fmt: skip
         wait_for("kube-apiserver", lambda: self._api_ok("/readyz"), timeout_s=120, log=self.logs / "kube-apiserver.log")
         admin = str(self.admin_kubeconfig)

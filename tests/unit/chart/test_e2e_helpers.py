@@ -27,7 +27,8 @@ E2E = REPO / "e2e"
 
 def load(name: str) -> ModuleType:
     """An e2e/ module by path, under a name no test module uses."""
-    sys.path.insert(0, str(E2E))  # e2e modules import each other by bare name
+    # e2e modules import each other, and e2e/kube's (conftest puts both on the path), by bare name
+    sys.path[:0] = [str(E2E), str(E2E / "kube")]
     try:
         spec = importlib.util.spec_from_file_location(f"slogate_e2e_{name}", E2E / f"{name}.py")
         assert spec is not None
@@ -38,6 +39,7 @@ def load(name: str) -> ModuleType:
         return module
     finally:
         sys.path.remove(str(E2E))
+        sys.path.remove(str(E2E / "kube"))
 
 
 preflight = load("preflight")
