@@ -19,6 +19,7 @@ import json
 import random
 import subprocess
 import time
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
@@ -433,7 +434,8 @@ class TestSlogateOnARealCluster:
         with capsys.disabled():  # the measurement, in the run's output
             print(f"\nsteady window {window_s:g} s (~{passes:g} resync passes): {len(writes)} writes, "
                   f"{len(reads)} reads ({len(reads) / passes:.1f} a pass), "
-                  f"{sum(c['resource'] in PEERING for c in calls)} peering keepalives")  # fmt: skip
+                  f"{sum(c['resource'] in PEERING for c in calls)} peering keepalives; reads by kind: "
+                  f"{sorted(Counter(c['verb'] + ' ' + c['resource'] for c in reads).items())}")  # fmt: skip
         assert writes == [], f"the operator wrote while nothing changed: {writes}"
         assert reads, "no resync pass read anything in the window: is the operator running?"
         assert is_true(policy_of(kube, example), "Ready")

@@ -25,7 +25,6 @@ restores the kernel settings kubelet and the network changed.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import shutil
@@ -44,6 +43,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from network import API_SERVICE_IP, HOST_IP, POD_CIDR, SERVICE_CIDR, Network, cni_config
 from pki import Pki, kubeconfig
+from teardown import end_group, kill_shims, remove_cgroups, unmount_below
 
 HERE = Path(__file__).resolve().parent
 NODE = "slogate-node"
@@ -378,14 +378,14 @@ state = "{root / "state"}"
         pids_dir = self.workdir / "pids"
         for name in ("coredns", "kube-proxy", "kubelet", "kube-scheduler", "kube-controller-manager", "kube-apiserver",
                      "etcd"):  # fmt: skip
-            _end_group(pids_dir / name)
-        _kill_shims(self.workdir / "containerd")
-        _end_group(pids_dir / "containerd")
+            end_group(pids_dir / name)
+        kill_shims(self.workdir / "containerd")
+        end_group(pids_dir / "containerd")
         if (pids_dir / "kube-proxy").exists() or (self.workdir / "kube-proxy.yaml").exists():
             subprocess.run([self.binaries.k8s("kube-proxy"), "--cleanup", "--v=0"], capture_output=True, check=False)
-        _unmount_below(self.workdir)
+        unmount_below(self.workdir)
         for root in CGROUP_ROOTS:
-            _remove_cgroups(root)
+            remove_cgroups(root)
         self.network.down()
         saved = self.workdir / "kernel.saved"
         if saved.exists():
@@ -401,75 +401,6 @@ def _http_ok(url: str, context: ssl.SSLContext | None = None) -> bool:
             return bool(answer.status == 200)
     except OSError:
         return False
-
-
-def _end_group(pid_file: Path) -> None:
-    if not pid_file.exists():
-        return
-    pid = int(pid_file.read_text())
-    for sig, wait_s in ((signal.SIGTERM, 15.0), (signal.SIGKILL, 5.0)):
-        try:
-            os.killpg(pid, sig)
-        except ProcessLookupError:
-            break
-        deadline = time.monotonic() + wait_s
-        while time.monotonic() < deadline and _alive(pid):
-            time.sleep(0.1)
-        if not _alive(pid):
-            break
-    pid_file.unlink()
-
-
-def _alive(pid: int) -> bool:
-    try:
-        done, _ = os.waitpid(pid, os.WNOHANG)
-        if done == pid:
-            return False
-    except ChildProcessError:
-        pass
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
-
-
-def _kill_shims(containerd_root: Path) -> None:
-    """containerd's shims (and the containers under them) outlive containerd: end them by
-    their command line, which names this run's containerd."""
-    marker = str(containerd_root)
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
-        try:
-            cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:
-            continue
-        if "containerd-shim" in cmdline and marker in cmdline:
-            try:
-                os.killpg(int(proc.name), signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                os.kill(int(proc.name), signal.SIGKILL)
-
-
-def _unmount_below(directory: Path) -> None:
-    prefix = str(directory.resolve()) + "/"
-    mounts = [line.split()[1] for line in Path("/proc/self/mounts").read_text().splitlines()]
-    for point in sorted((m for m in mounts if m.startswith(prefix)), key=len, reverse=True):
-        subprocess.run(["umount", "-l", point], capture_output=True, check=False)
-
-
-def _remove_cgroups(name: str) -> None:
-    """The node's cgroups, deepest first (a cgroup with no process left can be removed)."""
-    for hierarchy in Path("/sys/fs/cgroup").iterdir():
-        top = hierarchy / name
-        if not top.is_dir():
-            continue
-        for directory in sorted((p for p in top.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts)):
-            with contextlib.suppress(OSError):
-                directory.rmdir()
-        with contextlib.suppress(OSError):
-            top.rmdir()
 
 
 def main(argv: list[str]) -> int:
