@@ -68,7 +68,7 @@ build_etcd() {
   go get "go.etcd.io/etcd/server/v3@v$ETCD_VERSION"
   mkdir -p "$out/bin"
   go build -trimpath -ldflags "-s -w" -o "$out/bin/etcd" go.etcd.io/etcd/server/v3
-  "$out/bin/etcd" --version | head -1
+  "$out/bin/etcd" --version | sed -n 1p
   touch "$out/.complete"; cd /; rm -rf "$w"
 }
 
@@ -90,7 +90,7 @@ build_coredns() {
   log "coredns $COREDNS_VERSION: building"
   mkdir -p "$out/bin"
   GOBIN="$out/bin" go install -trimpath -ldflags "-s -w" "github.com/coredns/coredns@v$COREDNS_VERSION"
-  "$out/bin/coredns" -version | head -1
+  "$out/bin/coredns" -version | sed -n 1p
   touch "$out/.complete"
 }
 
