@@ -449,6 +449,7 @@ class TestSlogateOnARealCluster:
         args = with_threads(containers[index]["args"], threads=1)
         patch = [{"op": "replace", "path": f"/spec/template/spec/containers/{index}/args", "value": args}]
         availability = Availability(kube, example)
+        mark = audit_mark(kube)
         kube("-n", APP_NAMESPACE, "patch", "deployment", example.deployment, "--type=json", "-p", json.dumps(patch),
              hint="kubectl get deployment -o yaml")  # fmt: skip
         policy = wait_until(
@@ -480,6 +481,11 @@ class TestSlogateOnARealCluster:
             assert state["thresholds"]["calibrationId"] == new != old
         job = policy["status"]["calibration"]["job"]
         assert kube.maybe_json("-n", APP_NAMESPACE, "get", "job", job) is not None, f"calibration Job {job} is gone"
+        # Once: the operator created one Job since the patch, this one (the API server's audit log).
+        created = [
+            c["name"] for c in operator_calls(kube, since=mark) if (c["verb"], c["resource"]) == ("create", "jobs")
+        ]
+        assert created == [job], f"calibration Jobs created for one rollout: {created}"
 
     def test_a_rolling_restart_under_load_loses_no_request(
         self, kube: Kube, deployed: Example, capsys: pytest.CaptureFixture[str]
