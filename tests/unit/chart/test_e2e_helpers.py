@@ -42,10 +42,9 @@ def load(name: str) -> ModuleType:
         sys.path.remove(str(E2E / "kube"))
 
 
-preflight = load("preflight")
 tools = load("cluster_tools")
 suite = load("suite")
-steps = load("test_lifecycle")
+state = load("workload_state")
 
 
 # ---------------------------------------------------------------- preflight: fail, never skip
@@ -154,9 +153,9 @@ def test_model_image_puts_the_gguf_where_the_example_copies_it_from() -> None:
 
 def test_with_threads_changes_only_the_thread_count() -> None:
     args = ["-m", "/model/x.gguf", "-t", "2", "-np", "4"]
-    assert steps.with_threads(args, 1) == ["-m", "/model/x.gguf", "-t", "1", "-np", "4"]
-    assert steps.with_threads(["--threads", "4"], 1) == ["--threads", "1"]
-    assert steps.with_threads(["-m", "x"], 3) == ["-m", "x", "-t", "3"]
+    assert state.with_threads(args, 1) == ["-m", "/model/x.gguf", "-t", "1", "-np", "4"]
+    assert state.with_threads(["--threads", "4"], 1) == ["--threads", "1"]
+    assert state.with_threads(["-m", "x"], 3) == ["-m", "x", "-t", "3"]
     assert args == ["-m", "/model/x.gguf", "-t", "2", "-np", "4"]  # not mutated
 
 
@@ -308,13 +307,13 @@ def test_service_endpoints_are_the_ready_pods_by_resolved_port() -> None:
         {"ports": [{"name": "http", "port": 9999, "protocol": "TCP"}], "endpoints": [endpoint("gone", ready=False)]},
         {"ports": None, "endpoints": None},
     ])  # fmt: skip
-    assert steps.service_endpoints(slices, found) == {8081: {"gated-a"}, 8080: {"plain-a"}}
+    assert state.service_endpoints(slices, found) == {8081: {"gated-a"}, 8080: {"plain-a"}}
     pods = [{"metadata": {"name": "gated-a"}}]
-    assert steps.endpoints_on(slices, found, 8081, pods) is None  # plain-a still takes traffic on 8080
+    assert state.endpoints_on(slices, found, 8081, pods) is None  # plain-a still takes traffic on 8080
     settled = _Slices(slices.items[:1])
-    assert steps.endpoints_on(settled, found, 8081, pods) == {8081: {"gated-a"}}
-    assert steps.endpoints_on(settled, found, 8080, pods) is None
-    availability = steps.Availability(settled, found)
+    assert state.endpoints_on(settled, found, 8081, pods) == {8081: {"gated-a"}}
+    assert state.endpoints_on(settled, found, 8080, pods) is None
+    availability = state.Availability(settled, found)
     availability.sample()
     availability.check("a rollout")
     availability.kube = _Slices([])
@@ -324,7 +323,7 @@ def test_service_endpoints_are_the_ready_pods_by_resolved_port() -> None:
 
 
 def test_burst_returns_every_reply_with_headers_and_errors_as_replies(fake_gate: str) -> None:
-    replies = steps.burst_with_class(fake_gate, [{"prompt": [1, 2, 3]}] * 6, "interactive")
+    replies = state.burst_with_class(fake_gate, [{"prompt": [1, 2, 3]}] * 6, "interactive")
     assert sorted(r.status for r in replies) == [200, 200, 200, 429, 429, 429]
     assert _Gate.classes == ["interactive"] * 6
     for reply in replies:
