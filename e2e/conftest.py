@@ -137,6 +137,8 @@ def kube(request: pytest.FixtureRequest) -> Iterator[Kube]:
                   f"stop it with: python3 e2e/kube/cluster.py down {workdir}")  # fmt: skip
         else:
             cluster.stop()
+            left = cluster.leftovers()
+            assert not left, f"the cluster's teardown left these on the machine: {left}"
             shutil.rmtree(workdir, ignore_errors=True)
 
 

@@ -43,7 +43,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from network import API_SERVICE_IP, HOST_IP, POD_CIDR, SERVICE_CIDR, Network, cni_config
 from pki import Pki, kubeconfig
-from teardown import end_group, kill_shims, remove_cgroups, unmount_below
+from teardown import cgroup_processes, end_processes, kill_cgroup_processes, remove_cgroups, unmount_below
 
 HERE = Path(__file__).resolve().parent
 NODE = "slogate-node"
@@ -51,6 +51,9 @@ API_PORT = 6443
 KERNEL_TUNABLES = ("vm/overcommit_memory", "kernel/panic", "kernel/panic_on_oops")
 """What the kubelet sets on start (protectKernelDefaults off): saved and restored."""
 CGROUP_ROOTS = ("kubepods", "k8s.io")
+STOP_ORDER = ("coredns", "kube-proxy", "kubelet", "kube-scheduler", "kube-controller-manager", "kube-apiserver", "etcd",
+              "containerd", "containerd-shim-runc-v2")  # fmt: skip
+"""The node before the control plane, the runtime last; its containers are killed by cgroup."""
 AUDIT_LOG = "audit.log"
 """In the run's directory: every call a ServiceAccount makes (metadata only), as the API
 server's audit log records it, so a test can count what the operator read and wrote."""
@@ -199,8 +202,6 @@ class Cluster:
         log = (self.logs / f"{name}.log").open("ab")
         self.processes[name] = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                                 start_new_session=True)  # fmt: skip
-        (self.workdir / "pids").mkdir(exist_ok=True)
-        (self.workdir / "pids" / name).write_text(str(self.processes[name].pid))
 
     def _start_control_plane(self) -> None:
         pki, b = self.pki, self.binaries
@@ -369,20 +370,30 @@ state = "{root / "state"}"
 
     # -- teardown ------------------------------------------------------------------------
 
+    def leftovers(self) -> list[str]:
+        """What of this run is still on the machine (empty after `stop()`): the check that
+        teardown leaves nothing behind."""
+        found = [f"processes in the node's cgroups: {sorted(cgroup_processes(r))}" for r in CGROUP_ROOTS
+                 if cgroup_processes(r)]  # fmt: skip
+        found += [f"cgroup {h / r}" for h in Path("/sys/fs/cgroup").iterdir() for r in CGROUP_ROOTS if (h / r).is_dir()]
+        prefix = str(self.workdir.resolve()) + "/"
+        found += [f"mount {m}" for m in (line.split()[1] for line in Path("/proc/self/mounts").read_text().splitlines())
+                  if m.startswith(prefix)]  # fmt: skip
+        found += self.network.leftovers()
+        return found
+
     def _save_kernel_tunables(self) -> None:
         saved = {k: Path("/proc/sys", k).read_text().strip() for k in KERNEL_TUNABLES}
         (self.workdir / "kernel.saved").write_text(json.dumps(saved))
 
     def stop(self) -> None:
-        """Idempotent; also from another process (`down`), through the pid files."""
-        pids_dir = self.workdir / "pids"
-        for name in ("coredns", "kube-proxy", "kubelet", "kube-scheduler", "kube-controller-manager", "kube-apiserver",
-                     "etcd"):  # fmt: skip
-            end_group(pids_dir / name)
-        kill_shims(self.workdir / "containerd")
-        end_group(pids_dir / "containerd")
-        if (pids_dir / "kube-proxy").exists() or (self.workdir / "kube-proxy.yaml").exists():
+        """Idempotent; also from another process (`down`): what runs is found by the run's
+        directory in its command line."""
+        end_processes(str(self.workdir.resolve()), STOP_ORDER)
+        if (self.workdir / "kube-proxy.yaml").exists():
             subprocess.run([self.binaries.k8s("kube-proxy"), "--cleanup", "--v=0"], capture_output=True, check=False)
+        for root in CGROUP_ROOTS:
+            kill_cgroup_processes(root)
         unmount_below(self.workdir)
         for root in CGROUP_ROOTS:
             remove_cgroups(root)
@@ -419,6 +430,7 @@ def main(argv: list[str]) -> int:
     except KeyboardInterrupt:
         pass
     finally:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not cut the teardown short
         cluster.stop()
     return 0
 

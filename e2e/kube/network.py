@@ -15,6 +15,7 @@ loopback, where nothing answers): no DNS query leaves a pod either.
 
 from __future__ import annotations
 
+import shlex
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
@@ -76,6 +77,18 @@ class Network:
         for key, value in SYSCTLS.items():
             Path("/proc/sys", key).write_text(value)
 
+    def leftovers(self) -> list[str]:
+        """What of the network is still there (empty after `down()`)."""
+        found = [f"link {BRIDGE}"] if link_exists(BRIDGE) else []
+        routes = sh("ip", "route", "show", check=False).stdout.splitlines()
+        found += [
+            f"route {line}" for line in routes if line.startswith(("198.18.", "198.19.", f"blackhole {RESERVED}"))
+        ]
+        for command in ("iptables-save", "ip6tables-save"):
+            rules = sh(command, check=False).stdout.splitlines()
+            found += [f"{command}: {r}" for r in rules if "KUBE-" in r or ISOLATION_CHAIN in r][:5]
+        return found
+
     def down(self) -> None:
         """Idempotent: removes whatever of the above exists."""
         saved = self.state_dir / "sysctl.saved"
@@ -107,7 +120,7 @@ def remove_kube_chains() -> None:
                 continue
             rules = listed.stdout.splitlines()
             for rule in rules:
-                parts = rule.split()
+                parts = shlex.split(rule)  # comments are quoted: "kubernetes service portals"
                 if parts[:1] == ["-A"] and not parts[1].startswith("KUBE-") and "-j" in parts and \
                         parts[parts.index("-j") + 1].startswith("KUBE-"):  # fmt: skip
                     sh(command, "-w", "-t", table, "-D", *parts[1:], check=False)

@@ -12,53 +12,54 @@ import time
 from pathlib import Path
 
 
-def end_group(pid_file: Path) -> None:
-    if not pid_file.exists():
-        return
-    pid = int(pid_file.read_text())
-    for sig, wait_s in ((signal.SIGTERM, 15.0), (signal.SIGKILL, 5.0)):
-        try:
-            os.killpg(pid, sig)
-        except ProcessLookupError:
-            break
-        deadline = time.monotonic() + wait_s
-        while time.monotonic() < deadline and alive(pid):
-            time.sleep(0.1)
-        if not alive(pid):
-            break
-    pid_file.unlink()
+def end_processes(marker: str, order: tuple[str, ...], *, grace_s: float = 15.0) -> None:
+    """End the processes whose executable is order[0], then order[1], ..., of those whose command
+    line names `marker` (the run's directory: each component is started with a path in it, and
+    so are containerd's shims). SIGTERM, then SIGKILL after `grace_s`. Found by their command
+    lines, not remembered pids, so it also cleans a run that crashed; a shell or a wrapper that
+    happens to name the directory is not in `order`, and is left alone."""
+    found = processes_naming(marker)
+    for name in order:
+        _end([pid for pid, exe in found.items() if exe == name], grace_s)
 
 
-def alive(pid: int) -> bool:
-    try:
-        done, _ = os.waitpid(pid, os.WNOHANG)
-        if done == pid:
-            return False
-    except ChildProcessError:
-        pass
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
-
-
-def kill_shims(containerd_root: Path) -> None:
-    """containerd's shims (and the containers under them) outlive containerd: end them by
-    their command line, which names this run's containerd."""
-    marker = str(containerd_root)
+def processes_naming(marker: str) -> dict[int, str]:
+    """pid -> executable name of every process whose command line contains `marker`."""
+    found: dict[int, str] = {}
     for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
+        if not proc.name.isdigit() or int(proc.name) == os.getpid():
             continue
         try:
-            cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            argv = (proc / "cmdline").read_bytes().split(b"\0")
         except OSError:
             continue
-        if "containerd-shim" in cmdline and marker in cmdline:
-            try:
-                os.killpg(int(proc.name), signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                os.kill(int(proc.name), signal.SIGKILL)
+        if argv and any(marker.encode() in arg for arg in argv):
+            found[int(proc.name)] = os.path.basename(argv[0].decode(errors="replace"))
+    return found
+
+
+def _end(pids: list[int], grace_s: float) -> None:
+    for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0)):
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, sig)
+        deadline = time.monotonic() + wait_s
+        while time.monotonic() < deadline and any(_alive(pid) for pid in pids):
+            time.sleep(0.1)
+        pids = [pid for pid in pids if _alive(pid)]
+        if not pids:
+            return
+
+
+def _alive(pid: int) -> bool:
+    with contextlib.suppress(ChildProcessError):
+        done, _ = os.waitpid(pid, os.WNOHANG)  # our own children are reaped here
+        if done == pid:
+            return False
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
+    except OSError:
+        return False
 
 
 def unmount_below(directory: Path) -> None:
@@ -79,3 +80,30 @@ def remove_cgroups(name: str) -> None:
                 directory.rmdir()
         with contextlib.suppress(OSError):
             top.rmdir()
+
+
+def kill_cgroup_processes(name: str, *, wait_s: float = 10.0) -> None:
+    """SIGKILL every process left in the node's cgroups (its containers: a killed shim leaves
+    them running, reparented to init), until none is left or `wait_s` passes."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        pids = cgroup_processes(name)
+        if not pids or time.monotonic() > deadline:
+            return
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        time.sleep(0.1)
+
+
+def cgroup_processes(name: str) -> set[int]:
+    """The pids in any cgroup under `name`, in every hierarchy."""
+    found: set[int] = set()
+    for hierarchy in Path("/sys/fs/cgroup").iterdir():
+        top = hierarchy / name
+        if not top.is_dir():
+            continue
+        for procs in top.rglob("cgroup.procs"):
+            with contextlib.suppress(OSError):
+                found.update(int(p) for p in procs.read_text().split())
+    return found
