@@ -1,4 +1,5 @@
-"""What of the kind suite can run without Docker: its skip path, its collection, its helpers."""
+"""The end-to-end suite's parts that run without a cluster: its preflight (which fails, never
+skips), what it deploys, its parsers and checks."""
 
 from __future__ import annotations
 
