@@ -127,6 +127,10 @@ def kube(request: pytest.FixtureRequest) -> Iterator[Kube]:
     cluster = Cluster(workdir, Binaries.from_cache())
     cluster.start(built_images())
     client = Kube(cluster.admin_kubeconfig)
+    holes = cluster.network.holes()  # kube-proxy and the kubelet have written their rules by now
+    if holes:
+        cluster.stop()
+        raise AssertionError(f"the cluster's network could reach past this machine: {holes}")
     request.session.stash[KUBE] = client
     try:
         yield client

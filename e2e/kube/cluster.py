@@ -33,6 +33,7 @@ import socket
 import ssl
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from collections.abc import Callable
@@ -423,15 +424,17 @@ def main(argv: list[str]) -> int:
         cluster.stop()
         shutil.rmtree(cluster.workdir, ignore_errors=True)
         return 0
+    # Ctrl-C and SIGTERM only ask for the stop; the teardown then runs to its end whatever
+    # arrives after (a second Ctrl-C, or `timeout` passing its own along). Handlers, unlike a
+    # blocked mask, are not inherited by the components: they still take SIGTERM.
+    asked = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: asked.set())
     cluster.start(built_images())
     print(f"cluster up: kubectl --kubeconfig {cluster.admin_kubeconfig} get nodes   (Ctrl-C stops it)", flush=True)
-    try:
-        signal.pause()
-    except KeyboardInterrupt:
+    while not asked.wait(1.0):
         pass
-    finally:
-        signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not cut the teardown short
-        cluster.stop()
+    cluster.stop()
     return 0
 
 

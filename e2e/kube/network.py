@@ -7,9 +7,12 @@ on the Internet):
   198.19.0.0/16   Services (ClusterIPs); routed onto the bridge too (this kernel has no dummy
                   links): what kube-proxy's DNAT did not send to a pod finds no neighbour there
   the rest of 198.18.0.0/15 is a blackhole route
-Forwarding is on (a pod reaching a Service is routed through the host), so a FORWARD rule
-drops anything from the bridge that would leave by another link: no pod reaches past this
-machine, whatever its default route says. Pods get a resolv.conf naming 127.0.0.1 (their own
+Forwarding is on (a pod reaching a Service is routed through the host), so a rule drops
+anything from the bridge that would leave by another link, and anything from another link to
+the bridge: no pod reaches past this machine, whatever its default route says. It sits first
+in the mangle table's FORWARD chain, which runs before the filter table's: kube-proxy inserts
+its own ACCEPTs at the top of filter's FORWARD (for connections it marked for NAT), and would
+otherwise come before it. Pods get a resolv.conf naming 127.0.0.1 (their own
 loopback, where nothing answers): no DNS query leaves a pod either.
 """
 
@@ -70,12 +73,29 @@ class Network:
         sh("ip", "link", "set", BRIDGE, "up")
         sh("ip", "route", "add", SERVICE_CIDR, "dev", BRIDGE)
         sh("ip", "route", "add", "blackhole", RESERVED)
-        sh("iptables", "-w", "-N", ISOLATION_CHAIN)
-        sh("iptables", "-w", "-A", ISOLATION_CHAIN, "-i", BRIDGE, "!", "-o", BRIDGE, "-j", "DROP")
-        sh("iptables", "-w", "-A", ISOLATION_CHAIN, "-o", BRIDGE, "!", "-i", BRIDGE, "-j", "DROP")
-        sh("iptables", "-w", "-I", "FORWARD", "1", "-j", ISOLATION_CHAIN)
+        sh("iptables", "-w", "-t", "mangle", "-N", ISOLATION_CHAIN)
+        sh("iptables", "-w", "-t", "mangle", "-A", ISOLATION_CHAIN, "-i", BRIDGE, "!", "-o", BRIDGE, "-j", "DROP")
+        sh("iptables", "-w", "-t", "mangle", "-A", ISOLATION_CHAIN, "-o", BRIDGE, "!", "-i", BRIDGE, "-j", "DROP")
+        sh("iptables", "-w", "-t", "mangle", "-I", "FORWARD", "1", "-j", ISOLATION_CHAIN)
         for key, value in SYSCTLS.items():
             Path("/proc/sys", key).write_text(value)
+
+    def holes(self) -> list[str]:
+        """What of the isolation is missing while the cluster runs (empty: every packet of the
+        cluster stays on this machine): the first jump of mangle's FORWARD, the chain's two drops,
+        the blackhole route."""
+        missing = []
+        forward = sh("iptables", "-w", "-t", "mangle", "-S", "FORWARD", check=False).stdout.splitlines()
+        if f"-A FORWARD -j {ISOLATION_CHAIN}" not in forward[1:2]:
+            missing.append(f"FORWARD does not jump to {ISOLATION_CHAIN} first: {forward[:3]}")
+        chain = sh("iptables", "-w", "-t", "mangle", "-S", ISOLATION_CHAIN, check=False).stdout.splitlines()
+        for rule in (f"-A {ISOLATION_CHAIN} -i {BRIDGE} ! -o {BRIDGE} -j DROP",
+                     f"-A {ISOLATION_CHAIN} ! -i {BRIDGE} -o {BRIDGE} -j DROP"):  # fmt: skip
+            if rule not in chain:
+                missing.append(f"no rule `{rule}`")
+        if f"blackhole {RESERVED}" not in sh("ip", "route", "show", check=False).stdout:
+            missing.append(f"no blackhole route for {RESERVED}")
+        return missing
 
     def leftovers(self) -> list[str]:
         """What of the network is still there (empty after `down()`)."""
@@ -97,10 +117,10 @@ class Network:
                 key, _, value = line.partition("=")
                 Path("/proc/sys", key).write_text(value)
             saved.unlink()
-        while sh("iptables", "-w", "-D", "FORWARD", "-j", ISOLATION_CHAIN, check=False).returncode == 0:
+        while sh("iptables", "-w", "-t", "mangle", "-D", "FORWARD", "-j", ISOLATION_CHAIN, check=False).returncode == 0:
             pass
-        sh("iptables", "-w", "-F", ISOLATION_CHAIN, check=False)
-        sh("iptables", "-w", "-X", ISOLATION_CHAIN, check=False)
+        sh("iptables", "-w", "-t", "mangle", "-F", ISOLATION_CHAIN, check=False)
+        sh("iptables", "-w", "-t", "mangle", "-X", ISOLATION_CHAIN, check=False)
         sh("ip", "route", "del", "blackhole", RESERVED, check=False)
         remove_kube_chains()
         # Pods' veth ends die with their network namespaces; any left (a killed runtime) go too.
