@@ -89,10 +89,10 @@ typecheck: dev
 contracts: dev
 	cd $(CURDIR) && $(VENV)/bin/lint-imports
 
-unit: dev nginx
+unit: dev nginx kube
 	$(VENV)/bin/pytest -m "not integration" -q
 
-integration: dev llama
+integration: dev llama kube
 	$(VENV)/bin/pytest -m integration -q
 
 test: dev llama prometheus nginx lint typecheck contracts kube kube-images
@@ -221,7 +221,7 @@ soak: dev llama
 
 # The operator's API calls per steady pass (docs/operator.md, "Cost per pass"), counted
 # against the API mock and written into the doc; `make test` fails when the doc is stale.
-operator-cost: dev
+operator-cost: dev kube
 	SLOGATE_WRITE_DOCS=1 $(VENV)/bin/pytest -q tests/unit/operator/test_operator_cost.py -k steady
 
 clean:

@@ -109,6 +109,11 @@ def dump_diagnostics(kube: Kube) -> Path:
     for name, args in commands.items():
         done = run(["kubectl", f"--kubeconfig={kube.kubeconfig}", *args], hint="", check=False, timeout_s=60)
         (target / name).write_text(done.stdout + ("\n--- stderr ---\n" + done.stderr if done.stderr else ""))
+    # The data plane (kube-proxy's rules) and the components' own logs, beside the API's view.
+    (target / "iptables-nat.txt").write_text(run(["iptables-save", "-t", "nat"], hint="", check=False).stdout)
+    logs = kube.kubeconfig.parent / "logs"  # the cluster's run directory holds the kubeconfig
+    if logs.is_dir():
+        shutil.copytree(logs, target / "components", dirs_exist_ok=True)
     return target
 
 

@@ -1,14 +1,13 @@
-"""What the real API server says about slogate's objects, beside what slogate's own models and
-the emulated API server (tests/kube_*.py, which the operator's behaviour tests run against) say.
+"""What the real API server of the whole cluster says about slogate's objects, beside what
+slogate's own models say.
 
-The offline CRD test (tests/unit/operator/test_operator_crd.py) emulates the server's schema,
-defaulting and CEL checks; here the real kube-apiserver judges the same variants
+The offline CRD test (tests/unit/operator/test_operator_crd.py) checks the models against the
+CRD's schema and CEL rules; here the real kube-apiserver judges the same variants
 (tests/crd_variants.py), one by one, with the CRD the chart installed. And the chart's RBAC,
 as the real authorizer evaluates it for the operator's ServiceAccount: every permission
-slogate_operator.rbac lists is granted, and nothing past it is. And the objects the operator
-makes or patches, defaulted by the real server: the emulator's hand-copied defaults must give the
-same, and a second injection pass over what the server stored must want no patch (the property
-that keeps a steady operator from writing).
+slogate_operator.rbac lists is granted, and nothing past it is. And the injected Deployment,
+defaulted by the real server: a second injection pass over what the server stored must want
+no patch (the property that keeps a steady operator from writing).
 """
 
 from __future__ import annotations
@@ -24,13 +23,8 @@ from cluster_tools import Kube
 from suite import RELEASE_NAMESPACE
 
 from crd_variants import EXAMPLE_POLICIES, EXAMPLES, INVALID, VALID, base_policy, model_errors
-from kube_defaults import default_builtin
-from slogate_operator import builders
-from slogate_operator.autoscaling import AutoscalerRequest, horizontal_pod_autoscaler
-from slogate_operator.fingerprint import container_fingerprint, llama_container
 from slogate_operator.injection import SidecarConfig, injected_template, template_patch
 from slogate_operator.rbac import PERMISSIONS
-from slogate_operator.spec import AutoscalingSpec
 
 DRY_RUN_NAMESPACE = "default"
 pytestmark = pytest.mark.usefixtures("release")  # the chart installs the CRD and the RBAC judged here
@@ -121,16 +115,10 @@ def test_the_charts_rbac_grants_the_operator_exactly_what_it_calls(kube: Kube, r
     assert beyond == [], f"the chart grants the operator more than it calls: {beyond}"
 
 
-# ------------------------------------------------------------------ defaults: emulated and real
+# ------------------------------------------------------------------ the real server's defaults
 
-POLICY = builders.PolicyRef(name="smollm2", namespace=DRY_RUN_NAMESPACE, uid="0f0e0d0c-0000-4000-8000-000000000001")
 SIDECAR = SidecarConfig(policy="smollm2", image="slogate:e2e", port=8081, admin_port=8082, upstream_port=8080,
                         prompt_counting="tokenize", token_secret="slogate-admin-token")  # fmt: skip
-SERVER_GENERATED = {
-    ("batch", "jobs"): (("spec", "manualSelector"), ("spec", "selector"), ("spec", "template", "metadata", "labels")),
-}
-"""What the server writes from the object's uid on create, not by defaulting: the emulator does
-it in its create path (tests/kube_writes.py), so the two defaultings are compared without it."""
 
 
 def stored(kube: Kube, obj: dict[str, Any]) -> dict[str, Any]:
@@ -157,49 +145,6 @@ def injected(deployment: dict[str, Any]) -> dict[str, Any]:
     made = copy.deepcopy(deployment)
     made["spec"]["template"] = injected_template(deployment["spec"]["template"], SIDECAR)
     return made
-
-
-def calibration_job() -> dict[str, Any]:
-    deployment = example_deployment()
-    llama = llama_container(deployment["spec"]["template"]["spec"], None)
-    return builders.calibration_job(builders.CalibrationRequest(
-        policy=POLICY, deployment="smollm2", llama=llama, container_fingerprint=container_fingerprint(llama),
-        image="slogate:e2e", timeout_seconds=300, budget_seconds=90, ttl_seconds=3600,
-    ))  # fmt: skip
-
-
-def autoscaler() -> dict[str, Any]:
-    spec = AutoscalingSpec.model_validate({"enabled": True, "maxReplicas": 3, "engine": "hpa"})
-    return horizontal_pod_autoscaler(AutoscalerRequest(POLICY, "smollm2", spec, "http://prometheus:9090"))
-
-
-OBJECTS = {
-    "the example's Deployment": (example_deployment, "apps", "deployments"),
-    "the example's Deployment, injected": (lambda: injected(example_deployment()), "apps", "deployments"),
-    "a calibration Job": (calibration_job, "batch", "jobs"),
-    "an HPA (engine hpa)": (autoscaler, "autoscaling", "horizontalpodautoscalers"),
-}
-
-
-def without(obj: dict[str, Any], paths: tuple[tuple[str, ...], ...]) -> dict[str, Any]:
-    trimmed = copy.deepcopy(obj)
-    for path in paths:
-        node = trimmed
-        for key in path[:-1]:
-            node = node.get(key) or {}
-        node.pop(path[-1], None)
-    return trimmed
-
-
-@pytest.mark.parametrize("name", sorted(OBJECTS))
-def test_the_emulators_defaults_are_the_real_servers(kube: Kube, name: str) -> None:
-    make, group, plural = OBJECTS[name]
-    obj = make()
-    emulated = copy.deepcopy(obj)
-    default_builtin(emulated, group, plural)
-    real = stored(kube, obj)
-    ignored = SERVER_GENERATED.get((group, plural), ())
-    assert without(emulated, ignored)["spec"] == without(real, ignored)["spec"]
 
 
 def test_injection_wants_no_patch_on_what_the_real_server_stored(kube: Kube) -> None:

@@ -24,6 +24,7 @@ from cluster_tools import (
     port_forward,
     wait_until,
 )
+from network import service_destinations
 from suite import APP_NAMESPACE, CLIENT_POD, RELEASE_NAMESPACE, Example, seconds
 
 T = TypeVar("T")
@@ -144,13 +145,28 @@ def endpoints_on(kube: Kube, example: Example, port: int, pods: list[dict[str, A
     return found if found == {port: {p["metadata"]["name"] for p in pods}} else None
 
 
+def destinations(pods: list[dict[str, Any]], port: int) -> set[str]:
+    return {f"{p['status']['podIP']}:{port}" for p in pods}
+
+
 def wait_for_endpoints(kube: Kube, example: Example, port: int, pods: list[dict[str, Any]], what: str) -> None:
+    """The Service's EndpointSlices name exactly these pods on `port`, and then kube-proxy's
+    rules send its traffic there and nowhere else (the control plane first, the data plane a
+    moment later: a request sent in between can go to a pod that is gone)."""
     wait_until(
         f"Service {example.service}'s endpoints: {what} (port {port}) on every pod",
         lambda: endpoints_on(kube, example, port, pods),
         timeout_s=seconds(120),
         hint=f"kubectl -n {APP_NAMESPACE} get endpointslices -l kubernetes.io/service-name={example.service} -o yaml",
         describe=lambda: f"ready endpoints by port: {service_endpoints(kube, example)}",
+    )
+    wanted = destinations(pods, port)
+    wait_until(
+        f"kube-proxy's rules for Service {example.service}: {what} on every pod ({sorted(wanted)})",
+        lambda: service_destinations(APP_NAMESPACE, example.service) == wanted or None,
+        timeout_s=seconds(120),
+        hint="iptables-save -t nat | grep KUBE-SEP; the kube-proxy log in the cluster's logs/",
+        describe=lambda: f"kube-proxy sends it to {sorted(service_destinations(APP_NAMESPACE, example.service))}",
     )
 
 

@@ -14,7 +14,7 @@ from collections.abc import Iterator
 
 from kopf.testing import KopfRunner
 
-from emulated_cluster import NS, Cluster
+from api_cluster import NS, Cluster
 from polling import eventually
 from slogate_operator import metrics
 

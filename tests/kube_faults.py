@@ -1,12 +1,14 @@
-"""Faults the tests inject into the emulated API server (tests/kube_emulation.py)."""
+"""Faults the tests inject in front of the real API server (tests/api_proxy.py answers them)."""
 
 from __future__ import annotations
 
 import random
 from collections import Counter
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-import kmock
+if TYPE_CHECKING:
+    from api_proxy import Call
 
 RBAC_AGENTS = ("slogate-operator/", "kopf/")
 """User-Agent prefixes of the operator's service account: its own client and kopf's."""
@@ -44,7 +46,7 @@ class RandomFaults:
     def __post_init__(self) -> None:
         self._rng = random.Random(self.seed)
 
-    def status_for(self, request: kmock.Request) -> int | None:
+    def status_for(self, request: Call) -> int | None:
         """The status to fail ``request`` with, or None to serve it."""
         plural = request.resource.plural if request.resource is not None else None
         if not plural or not request.headers.get("User-Agent", "").startswith(self.agents):
@@ -55,11 +57,11 @@ class RandomFaults:
             status = 500
         elif self._rng.random() < self.share:
             status = self._rng.choice(self.statuses)
-            if status == 409 and request.method.value == "GET":
+            if status == 409 and request.method == "GET":
                 status = 500
         else:
             return None
-        self.met[request.method.value, plural, status] += 1
+        self.met[request.method, plural, status] += 1
         return status
 
     @property

@@ -10,7 +10,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from emulated_cluster import NS, SECRETS, Cluster
+from api_cluster import NS, SECRETS, Cluster
 from polling import eventually
 from ports import free_ports
 from slogate_sidecar.app import build_sidecar, running

@@ -6,12 +6,18 @@ theirs would (pods created from the template, status through /status)."""
 
 from __future__ import annotations
 
+import datetime
 import uuid
 from typing import Any
 
-from emulated_cluster import DEPLOYMENTS, HPAS, JOBS, NS, PODS, SCALED_OBJECTS, Cluster
-from kube_writes import now
+from api_cluster import DEPLOYMENTS, HPAS, JOBS, NS, PODS, SCALED_OBJECTS, Cluster
 from slogate_operator import names
+
+
+def now() -> str:
+    """A timestamp as the API server writes them (whole seconds, UTC)."""
+    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
 
 # ------------------------------------------------------------------------------ Jobs
 
@@ -63,8 +69,13 @@ def pending_job_pod(
 def complete_job(cluster: Cluster, job_name: str, message: str, ns: str = NS) -> None:
     """The calibrator exited 0 with ``message`` as its termination message; the Job completes."""
     job_pod(cluster, job_name, {"exitCode": 0, "reason": "Completed", "message": message}, "Succeeded", ns)
-    conditions = [{"type": "SuccessCriteriaMet", "status": "True"}, {"type": "Complete", "status": "True"}]
-    cluster.patch(JOBS, job_name, {"status": {"succeeded": 1, "conditions": conditions}}, ns, sub="status")
+    stamp = now()
+    conditions = [{"type": "SuccessCriteriaMet", "status": "True", "lastTransitionTime": stamp},
+                  {"type": "Complete", "status": "True", "lastTransitionTime": stamp}]  # fmt: skip
+    # The API server refuses a finished Job without its start and (when Complete) completion time.
+    status = {"startTime": started(cluster, job_name, ns), "completionTime": stamp, "succeeded": 1,
+              "conditions": conditions}  # fmt: skip
+    cluster.patch(JOBS, job_name, {"status": status}, ns, sub="status")
 
 
 def fail_job(
@@ -72,13 +83,21 @@ def fail_job(
 ) -> None:
     """The calibrator failed (its log tail is the message); the Job fails with ``reason``."""
     job_pod(cluster, job_name, {"exitCode": 2, "reason": "Error", "message": log_tail}, "Failed", ns)
-    failed = {
-        "type": "Failed",
-        "status": "True",
-        "reason": reason,
-        "message": "Job has reached the specified backoff limit",
-    }
-    cluster.patch(JOBS, job_name, {"status": {"failed": 1, "conditions": [failed]}}, ns, sub="status")
+    stamp, message = now(), "Job has reached the specified backoff limit"
+    # As the Job controller since 1.31: FailureTarget first (the API server refuses Failed without it).
+    conditions = [{"type": "FailureTarget", "status": "True", "reason": reason, "message": message,
+                   "lastTransitionTime": stamp},
+                  {"type": "Failed", "status": "True", "reason": reason, "message": message,
+                   "lastTransitionTime": stamp}]  # fmt: skip
+    status = {"startTime": started(cluster, job_name, ns), "failed": 1, "conditions": conditions}
+    cluster.patch(JOBS, job_name, {"status": status}, ns, sub="status")
+
+
+def started(cluster: Cluster, job_name: str, ns: str) -> str:
+    """The Job's status.startTime: the one it has, or its creation (the controller's first sync)."""
+    job = cluster.get(JOBS, job_name, ns)
+    assert job is not None, f"no Job {job_name}"
+    return str((job.get("status") or {}).get("startTime") or job["metadata"]["creationTimestamp"])
 
 
 # ------------------------------------------------------------------------------ Deployments

@@ -26,27 +26,22 @@ restores the kernel settings kubelet and the network changed.
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import signal
-import socket
-import ssl
 import subprocess
 import sys
 import threading
-import time
-import urllib.request
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from control_plane import AUDIT_LOG, Binaries, ControlPlane, cache_dir, free_port, wait_for
 from network import API_SERVICE_IP, HOST_IP, POD_CIDR, SERVICE_CIDR, Network, cni_config
-from pki import Pki, kubeconfig
+from pki import Pki
 from teardown import cgroup_processes, end_processes, kill_cgroup_processes, remove_cgroups, unmount_below
 
-HERE = Path(__file__).resolve().parent
+__all__ = ["AUDIT_LOG", "Binaries", "Cluster", "built_images", "llama_server_image"]
 NODE = "slogate-node"
 API_PORT = 6443
 KERNEL_TUNABLES = ("vm/overcommit_memory", "kernel/panic", "kernel/panic_on_oops")
@@ -55,51 +50,6 @@ CGROUP_ROOTS = ("kubepods", "k8s.io")
 STOP_ORDER = ("coredns", "kube-proxy", "kubelet", "kube-scheduler", "kube-controller-manager", "kube-apiserver", "etcd",
               "containerd", "containerd-shim-runc-v2")  # fmt: skip
 """The node before the control plane, the runtime last; its containers are killed by cgroup."""
-AUDIT_LOG = "audit.log"
-"""In the run's directory: every call a ServiceAccount makes (metadata only), as the API
-server's audit log records it, so a test can count what the operator read and wrote."""
-AUDIT_POLICY = """apiVersion: audit.k8s.io/v1
-kind: Policy
-omitStages: ["RequestReceived", "ResponseStarted"]
-rules:
-  - level: Metadata
-    userGroups: ["system:serviceaccounts"]
-  - level: None
-"""
-
-
-def versions() -> dict[str, str]:
-    """versions.env's KEY=value lines (the file build-binaries.sh sources)."""
-    lines = (line.strip() for line in (HERE / "versions.env").read_text().splitlines())
-    return dict(line.split("=", 1) for line in lines if "=" in line and not line.startswith("#"))
-
-
-def cache_dir() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(os.environ.get("SLOGATE_KUBE_CACHE") or Path(base) / "slogate" / "kube")
-
-
-@dataclass(frozen=True)
-class Binaries:
-    kubernetes: Path
-    etcd: Path
-    helm: Path
-    coredns: Path
-
-    @classmethod
-    def from_cache(cls) -> Binaries:
-        v, root = versions(), cache_dir()
-        found = cls(*(root / f"{name}-{v[key]}" / "bin" for name, key in (
-            ("kubernetes", "KUBE_VERSION"), ("etcd", "ETCD_VERSION"), ("helm", "HELM_VERSION"),
-            ("coredns", "COREDNS_VERSION"))))  # fmt: skip
-        missing = [str(d.parent) for d in (found.kubernetes, found.etcd, found.helm, found.coredns)
-                   if not (d.parent / ".complete").exists()]  # fmt: skip
-        if missing:
-            raise FileNotFoundError(f"not built: {', '.join(missing)}; `make kube` builds them")
-        return found
-
-    def k8s(self, name: str) -> str:
-        return str(self.kubernetes / name)
 
 
 def built_images() -> list[Path]:
@@ -122,48 +72,28 @@ def llama_server_image() -> str:
     return found
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def wait_for(what: str, check: Callable[[], bool], *, timeout_s: float, log: Path | None = None) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        try:
-            if check():
-                return
-        except OSError:
-            pass
-        time.sleep(0.25)
-    tail = "\n".join(log.read_text(errors="replace").splitlines()[-25:]) if log and log.exists() else ""
-    raise TimeoutError(f"{what} not ready after {timeout_s:.0f} s" + (f"; the end of {log}:\n{tail}" if tail else ""))
-
-
 @dataclass
 class Cluster:
     """Start with `start()`, stop with `stop()` (idempotent, also after a crash: `down`)."""
 
     workdir: Path
     binaries: Binaries
-    processes: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+    plane: ControlPlane = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.plane = ControlPlane(self.workdir, self.binaries, HOST_IP, API_PORT, SERVICE_CIDR)
 
     @property
     def pki(self) -> Pki:
-        return Pki(self.workdir / "pki")
-
-    @property
-    def server(self) -> str:
-        return f"https://{HOST_IP}:{API_PORT}"
+        return self.plane.pki
 
     @property
     def admin_kubeconfig(self) -> Path:
-        return self.workdir / "admin.kubeconfig"
+        return self.plane.admin_kubeconfig
 
     @property
     def logs(self) -> Path:
-        return self.workdir / "logs"
+        return self.plane.logs
 
     @property
     def network(self) -> Network:
@@ -182,61 +112,26 @@ class Cluster:
             self.pki.create(server_ips=[HOST_IP, API_SERVICE_IP, "127.0.0.1"], node=NODE,
                             server_names=["kubernetes", "kubernetes.default", "kubernetes.default.svc",
                                           "kubernetes.default.svc.cluster.local", "localhost"])  # fmt: skip
-            self._write_kubeconfigs()
-            self._start_control_plane()
+            self.plane.write_kubeconfig("node", f"system:node:{NODE}", "node")
+            self.plane.write_kubeconfig("kube-proxy", "system:kube-proxy", "kube-proxy")
+            self.plane.start()
+            self._start_controllers()
             self._start_containerd(images or [])
             self._start_node()
         except BaseException:
             self.stop()
             raise
 
-    # -- the control plane -------------------------------------------------------------
-
-    def _write_kubeconfigs(self) -> None:
-        pki = self.pki
-        for name, user, cert in (("admin", "admin", "admin"), ("node", f"system:node:{NODE}", "node"),
-                                 ("kube-proxy", "system:kube-proxy", "kube-proxy")):  # fmt: skip
-            path = self.workdir / f"{name}.kubeconfig"
-            path.write_text(kubeconfig(pki, server=self.server, user=user, cert=pki.cert(cert), key=pki.key(cert)))
-
     def _spawn(self, name: str, argv: list[str]) -> None:
-        log = (self.logs / f"{name}.log").open("ab")
-        self.processes[name] = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                                start_new_session=True)  # fmt: skip
+        self.plane.spawn(name, argv)
 
-    def _start_control_plane(self) -> None:
-        pki, b = self.pki, self.binaries
-        etcd_port, etcd_peer = free_port(), free_port()
-        self._spawn("etcd", [str(b.etcd / "etcd"), "--data-dir", str(self.workdir / "etcd"),
-                             "--listen-client-urls", f"http://127.0.0.1:{etcd_port}",
-                             "--advertise-client-urls", f"http://127.0.0.1:{etcd_port}",
-                             "--listen-peer-urls", f"http://127.0.0.1:{etcd_peer}",
-                             "--initial-advertise-peer-urls", f"http://127.0.0.1:{etcd_peer}",
-                             "--initial-cluster", f"default=http://127.0.0.1:{etcd_peer}",
-                             "--unsafe-no-fsync", "--log-level", "warn"])  # fmt: skip
-        wait_for("etcd", lambda: _http_ok(f"http://127.0.0.1:{etcd_port}/health"), timeout_s=60,
-                 log=self.logs / "etcd.log")  # fmt: skip
-        (self.workdir / "audit-policy.yaml").write_text(AUDIT_POLICY)
-        self._spawn("kube-apiserver", [
-            b.k8s("kube-apiserver"), f"--etcd-servers=http://127.0.0.1:{etcd_port}",
-            f"--bind-address={HOST_IP}", f"--advertise-address={HOST_IP}", f"--secure-port={API_PORT}",
-            f"--service-cluster-ip-range={SERVICE_CIDR}",
-            f"--tls-cert-file={pki.cert('apiserver')}", f"--tls-private-key-file={pki.key('apiserver')}",
-            f"--client-ca-file={pki.ca}",
-            "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
-            f"--service-account-key-file={pki.service_account_pub}",
-            f"--service-account-signing-key-file={pki.service_account_key}",
-            "--authorization-mode=Node,RBAC", "--enable-admission-plugins=NodeRestriction",
-            f"--kubelet-client-certificate={pki.cert('apiserver-kubelet-client')}",
-            f"--kubelet-client-key={pki.key('apiserver-kubelet-client')}",
-            "--kubelet-preferred-address-types=InternalIP", "--profiling=false", "--v=1",
-            f"--audit-policy-file={self.workdir / 'audit-policy.yaml'}",
-            f"--audit-log-path={self.workdir / AUDIT_LOG}", "--audit-log-maxsize=200",
-        ])  # fmt: skip
-        wait_for("kube-apiserver", lambda: self._api_ok("/readyz"), timeout_s=120, log=self.logs / "kube-apiserver.log")
-        admin = str(self.admin_kubeconfig)
+    # -- the controllers -----------------------------------------------------------------
+
+    def _start_controllers(self) -> None:
+        pki, admin = self.pki, str(self.admin_kubeconfig)
         self._spawn("kube-controller-manager", [
-            b.k8s("kube-controller-manager"), f"--kubeconfig={admin}", f"--authentication-kubeconfig={admin}",
+            self.binaries.k8s("kube-controller-manager"), f"--kubeconfig={admin}",
+            f"--authentication-kubeconfig={admin}",
             f"--authorization-kubeconfig={admin}", "--leader-elect=false", "--bind-address=127.0.0.1",
             f"--secure-port={free_port()}", "--use-service-account-credentials=true",
             f"--service-account-private-key-file={pki.service_account_key}", f"--root-ca-file={pki.ca}",
@@ -246,19 +141,14 @@ class Cluster:
             "--horizontal-pod-autoscaler-sync-period=5s", "--terminated-pod-gc-threshold=50",
         ])  # fmt: skip
         self._spawn("kube-scheduler", [
-            b.k8s("kube-scheduler"), f"--kubeconfig={admin}", f"--authentication-kubeconfig={admin}",
+            self.binaries.k8s("kube-scheduler"), f"--kubeconfig={admin}", f"--authentication-kubeconfig={admin}",
             f"--authorization-kubeconfig={admin}", "--leader-elect=false", "--bind-address=127.0.0.1",
             f"--secure-port={free_port()}", "--profiling=false", "--v=1",
         ])  # fmt: skip
         # The default ServiceAccount exists once the controller-manager runs: pods need it.
         account = "/api/v1/namespaces/default/serviceaccounts/default"
-        wait_for("the default ServiceAccount", lambda: self._api_ok(account), timeout_s=120,
+        wait_for("the default ServiceAccount", lambda: self.plane.api_ok(account), timeout_s=120,
                  log=self.logs / "kube-controller-manager.log")  # fmt: skip
-
-    def _api_ok(self, path: str) -> bool:
-        context = ssl.create_default_context(cafile=str(self.pki.ca))
-        context.load_cert_chain(str(self.pki.cert("admin")), str(self.pki.key("admin")))
-        return _http_ok(self.server + path, context=context)
 
     # -- the node ----------------------------------------------------------------------
 
@@ -404,15 +294,7 @@ state = "{root / "state"}"
             for key, value in json.loads(saved.read_text()).items():
                 Path("/proc/sys", key).write_text(value)
             saved.unlink()
-        self.processes.clear()
-
-
-def _http_ok(url: str, context: ssl.SSLContext | None = None) -> bool:
-    try:
-        with urllib.request.urlopen(url, timeout=2, context=context) as answer:
-            return bool(answer.status == 200)
-    except OSError:
-        return False
+        self.plane.processes.clear()
 
 
 def main(argv: list[str]) -> int:

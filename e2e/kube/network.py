@@ -130,6 +130,23 @@ class Network:
             sh("ip", "link", "del", BRIDGE)  # its routes (the Services') go with it
 
 
+def service_destinations(namespace: str, service: str) -> set[str]:
+    """The pod addresses (ip:port) kube-proxy's iptables rules send the Service's traffic to now.
+
+    EndpointSlices say what the control plane decided; these rules are what a packet meets.
+    kube-proxy writes them a moment later (seconds on a busy machine), and a connection whose
+    first SYN goes to a pod that is gone stays pinned there by conntrack until it times out."""
+    found = set()
+    for rule in sh("iptables-save", "-t", "nat", check=False).stdout.splitlines():
+        if not rule.startswith("-A KUBE-SEP-") or "--to-destination" not in rule:
+            continue
+        parts = shlex.split(rule)
+        comment = parts[parts.index("--comment") + 1] if "--comment" in parts else ""
+        if comment == f"{namespace}/{service}" or comment.startswith(f"{namespace}/{service}:"):
+            found.add(parts[parts.index("--to-destination") + 1])
+    return found
+
+
 def remove_kube_chains() -> None:
     """The KUBE-* chains the kubelet and kube-proxy leave (`kube-proxy --cleanup` takes only its
     own), in every table of iptables and ip6tables, with the rules that jump to them."""

@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,6 +24,7 @@ from aiohttp import web
 
 from slogate_admission.decision import Decision, Outcome, Request
 from slogate_admission.output_tokens import OutputTokenEstimate, estimate_output_tokens
+from slogate_llama.lines import Lines, LineTooLongError
 from slogate_llama.routes import Route, as_upstream_stream
 from slogate_llama.stream import Reassembler, carries_token, event, event_data, may_be_final, usage_of
 from slogate_sidecar import responses
@@ -347,7 +349,7 @@ class InferenceProxy:
 
     async def _relay(self, upstream: aiohttp.ClientResponse, response: web.StreamResponse, ex: Exchange) -> None:
         """Chunk by chunk, no buffering: each SSE line is written as it arrives."""
-        async for line in upstream.content:
+        async for line in upstream_lines(upstream):
             self._observe(ex, line, parse_all=False)
             await response.write(line)
 
@@ -355,7 +357,7 @@ class InferenceProxy:
         self, upstream: aiohttp.ClientResponse, ex: Exchange, headers: dict[str, str]
     ) -> web.Response:
         builder = Reassembler(ex.route)
-        async for line in upstream.content:
+        async for line in upstream_lines(upstream):
             chunk = self._observe(ex, line, parse_all=True)
             if chunk is not None:
                 builder.add(chunk)
@@ -394,3 +396,17 @@ def api_key(request: web.Request) -> str | None:
 def _is_one(value: object) -> bool:
     """Absent (null) or the number 1."""
     return value is None or (type(value) in (int, float) and value == 1)
+
+
+async def upstream_lines(upstream: aiohttp.ClientResponse) -> AsyncIterator[bytes]:
+    """The upstream's lines, however long (slogate_llama.lines: aiohttp's readline stops at
+    512 KiB); a line past the bound is an upstream failure (502), like a broken payload."""
+    lines = Lines()
+    try:
+        async for chunk in upstream.content.iter_any():
+            for line in lines.feed(chunk):
+                yield line
+    except LineTooLongError as error:
+        raise aiohttp.ClientPayloadError(str(error)) from error
+    for line in lines.end():
+        yield line

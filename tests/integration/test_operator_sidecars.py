@@ -1,7 +1,8 @@
 """The operator end to end on real parts: a profile measured by the real `slogate calibrate`
 against the bundled llama-server (the session's `calibrated_profile`), real sidecars in
 front of that llama-server receiving the pushes, and the real operator (kopf) against
-kmock, with the test playing the Job and Deployment controllers."""
+a real kube-apiserver (tests/api_cluster.py), with the test playing the Job and Deployment
+controllers."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from emulated_cluster import CONFIGMAPS, DEPLOYMENTS, JOBS, POLICIES, Cluster
+from api_cluster import CONFIGMAPS, DEPLOYMENTS, JOBS, POLICIES, Cluster
 from kopf_thread import running_operator, settle
 from manifests import admission_policy, condition, llama_deployment
 from polling import eventually

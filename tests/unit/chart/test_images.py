@@ -77,7 +77,7 @@ def test_the_entrypoint_needs_only_runtime_dependencies() -> None:
     )
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, check=True)
     loaded = {name.split(".")[0] for name in done.stdout.split()}
-    dev_only = {"matplotlib", "pytest", "hypothesis", "kmock", "kubernetes_validate", "jsonschema", "helm_python",
+    dev_only = {"matplotlib", "pytest", "hypothesis", "kubernetes_validate", "jsonschema", "helm_python",
                 "schemathesis", "mypy"}  # fmt: skip
     assert loaded & dev_only == set()
     assert {"kopf", "aiohttp", "pydantic", "prometheus_client"} <= loaded

@@ -7,7 +7,7 @@ from collections.abc import Iterator
 import pytest
 from kopf.testing import KopfRunner
 
-from emulated_cluster import Cluster
+from api_cluster import Cluster
 from kopf_thread import MARKER, only_when_marked, running_operator
 
 

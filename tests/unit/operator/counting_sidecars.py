@@ -11,7 +11,7 @@ from typing import Any
 
 import aiohttp.web
 
-from emulated_cluster import Cluster
+from api_cluster import Cluster
 from ports import free_ports
 
 

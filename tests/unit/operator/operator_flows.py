@@ -1,4 +1,4 @@
-"""Helpers of the kmock operator tests: read a policy's state, play a rollout, a calibration."""
+"""Helpers of the operator tests: read a policy's state, play a rollout, a calibration."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ from typing import Any
 
 import jsonschema
 
+from api_cluster import CONFIGMAPS, DEPLOYMENTS, EVENTS, POLICIES, Cluster
 from canned_profiles import smollm2_profile
-from emulated_cluster import CONFIGMAPS, DEPLOYMENTS, EVENTS, POLICIES, Cluster
 from manifests import admission_policy, condition, llama_deployment
 from polling import eventually
 from project_files import SCHEMA

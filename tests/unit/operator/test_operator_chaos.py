@@ -1,4 +1,4 @@
-"""The real operator (kopf) against kmock under chaos: a seeded random share of its API
+"""The real operator (kopf) against a real API server under chaos: a seeded random share of its API
 calls (and kopf's) answered 500 or 409, an operator stopped right after it created a
 Job and before it could record it, a calibration that fails after the restart.
 
@@ -27,8 +27,8 @@ from operator_flows import (
     thresholds_in,
 )
 
+from api_cluster import DEPLOYMENTS, JOBS, POLICIES, Cluster
 from canned_profiles import smollm2_profile
-from emulated_cluster import DEPLOYMENTS, JOBS, POLICIES, Cluster
 from kopf_thread import running_operator, settle
 from kube_faults import Fault, RandomFaults
 from manifests import admission_policy, condition, llama_deployment
@@ -48,7 +48,7 @@ SHARE = 0.2
 
 def job_creates(cluster: Cluster) -> list[str]:
     """Names of the Jobs the API server created successfully, in order (failed POSTs excluded)."""
-    return [name for plural, name in cluster.emulator.created if plural == "jobs"]
+    return [name for plural, name in cluster.created if plural == "jobs"]
 
 
 def sidecars_in_template(cluster: Cluster) -> list[str]:
@@ -85,10 +85,10 @@ def statuses_met(chaos: RandomFaults) -> Counter[int]:
 
 def test_a_whole_lifecycle_converges_under_random_api_faults(cluster: Cluster) -> None:
     chaos = RandomFaults(share=SHARE, seed=8)
-    cluster.emulator.chaos = chaos
+    cluster.chaos = chaos
     # Random 409s can only hit writes, a minority of the calls: these two are sure to happen.
     conflicts = [Fault("POST", "jobs", 409), Fault("PATCH", "configmaps", 409)]
-    cluster.emulator.faults += conflicts
+    cluster.faults += conflicts
     first_profile = smollm2_profile()
     second_profile = slower(first_profile, 2.0, "cal-after-rollout")
     with running_operator(cluster):
@@ -133,7 +133,7 @@ def test_an_operator_killed_after_creating_a_job_restarts_without_a_duplicate_or
     cluster: Cluster,
 ) -> None:
     chaos = RandomFaults(share=SHARE, seed=9)
-    cluster.emulator.chaos = chaos
+    cluster.chaos = chaos
     with running_operator(cluster):
         first = apply_and_calibrate(cluster)
         old = eventually(lambda: in_force(cluster, smollm2_profile().id), what="the first thresholds")
@@ -153,7 +153,7 @@ def test_an_operator_killed_after_creating_a_job_restarts_without_a_duplicate_or
     chaos.blackout_after_create, chaos.blackout = None, False
     failed_before_restart = chaos.failed
     retry_conflict = Fault("POST", "jobs", 409)  # the retry's create is answered "exists" once
-    cluster.emulator.faults.append(retry_conflict)
+    cluster.faults.append(retry_conflict)
     with running_operator(cluster):
         assert current_job(cluster) == second  # found by its name, not created again
         settle("smollm2", more=3)

@@ -10,7 +10,7 @@ import subprocess
 import sys
 import urllib.request
 
-from emulated_cluster import DEPLOYMENTS, POLICIES, Cluster
+from api_cluster import DEPLOYMENTS, POLICIES, Cluster
 from manifests import admission_policy, llama_deployment
 from polling import eventually
 from workload_controllers import job_names

@@ -18,8 +18,8 @@ import pytest
 from counting_sidecars import CountingSidecars
 from operator_flows import apply_and_calibrate, status_of
 
+from api_cluster import DEPLOYMENTS, POLICIES, Cluster
 from canned_profiles import smollm2_profile
-from emulated_cluster import DEPLOYMENTS, POLICIES, Cluster
 from kopf_thread import passes, running_operator
 from manifests import admission_policy, llama_deployment
 from polling import eventually

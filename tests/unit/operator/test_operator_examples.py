@@ -14,8 +14,8 @@ import yaml
 from kopf.testing import KopfRunner
 from operator_flows import policy, slower, status_of, thresholds_in
 
+from api_cluster import DEPLOYMENTS, POLICIES, Cluster
 from canned_profiles import smollm2_profile
-from emulated_cluster import DEPLOYMENTS, POLICIES, Cluster
 from manifests import condition, llama_deployment
 from polling import eventually
 from project_files import ROOT
@@ -85,14 +85,16 @@ def test_every_example_goes_through_its_lifecycle(path: Path, cluster: Cluster, 
     on_rollout = (spec.get("calibration") or {}).get("onRollout", True)
     for target in targets:
         template = cluster.get(DEPLOYMENTS, target)["spec"]["template"]
-        template["spec"]["containers"][0]["resources"]["limits"]["cpu"] = "1"
+        # A new CPU limit: a new thread count for llama.cpp (at least every example's request,
+        # or the API server refuses the template).
+        template["spec"]["containers"][0]["resources"]["limits"]["cpu"] = "3"
         cluster.patch(
             DEPLOYMENTS, target, {"spec": {"template": {"spec": {"containers": template["spec"]["containers"]}}}}
         )
     if on_rollout:
         second = eventually(lambda: [j for j in job_names(cluster) if j != job], what="a second Job")[0]
-        complete_job(cluster, second, compact_json(slower(smollm2_profile(), 2.0, "cal-one-cpu")))
-        eventually(lambda: (t := thresholds_in(cluster, name)) is not None and t.calibration_id == "cal-one-cpu")
+        complete_job(cluster, second, compact_json(slower(smollm2_profile(), 2.0, "cal-three-cpus")))
+        eventually(lambda: (t := thresholds_in(cluster, name)) is not None and t.calibration_id == "cal-three-cpus")
         eventually(lambda: status_of(cluster, "Ready", name) == "True")
     else:
         eventually(lambda: condition(policy(cluster, name), "Calibrated").get("reason") == "Stale")
@@ -103,7 +105,7 @@ def test_every_example_goes_through_its_lifecycle(path: Path, cluster: Cluster, 
     for target in targets:
         deployment = cluster.get(DEPLOYMENTS, target)
         expected = before[target]
-        expected["spec"]["containers"][0]["resources"]["limits"]["cpu"] = "1"
+        expected["spec"]["containers"][0]["resources"]["limits"]["cpu"] = "3"
         assert without_status(deployment) == expected
         assert names.ANNOTATION_CLAIM not in (deployment["metadata"].get("annotations") or {})
     assert cluster.forbidden == []

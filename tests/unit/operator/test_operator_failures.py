@@ -1,9 +1,12 @@
-"""The real operator (kopf) against kmock: failures are visible, never silent, and the
+"""The real operator (kopf) against a real API server: failures are visible, never silent, and the
 last good thresholds stay in force."""
 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
 from typing import Any
 
 import pytest
@@ -20,13 +23,15 @@ from operator_flows import (
     thresholds_in,
 )
 
+from api_cluster import DEPLOYMENTS, JOBS, POLICIES, ApiError, Cluster
 from canned_profiles import smollm2_profile
-from emulated_cluster import DEPLOYMENTS, JOBS, POLICIES, Cluster
 from kopf_thread import running_operator, settle
 from kube_faults import Fault
 from manifests import admission_policy, condition, llama_deployment
 from polling import eventually
 from slogate_calibration.output import compact_json
+from slogate_operator import handlers
+from slogate_operator.context import Runtime, utc_now
 from workload_controllers import complete_job, fail_job, job_names, run_pods
 
 pytestmark = pytest.mark.kopf_thread  # runs the real operator in a thread
@@ -78,20 +83,32 @@ def test_a_calibration_past_its_deadline_is_timed_out(cluster: Cluster, operator
     assert eventually(lambda: events(cluster, "CalibrationTimedOut"))[0]["type"] == "Warning"
 
 
+@dataclass(eq=False)
+class SkewedRuntime(Runtime):
+    """The operator's runtime with its clock (injected for this) SKEW ahead of the wall clock."""
+
+    clock: Callable[[], datetime] = field(default=lambda: utc_now() + SKEW[0])
+
+
+SKEW = [timedelta(0)]
+
+
 def test_a_job_that_never_finishes_is_stopped_by_the_operators_own_clock(
-    cluster: Cluster, operator: KopfRunner
+    cluster: Cluster, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    monkeypatch.setattr(handlers, "Runtime", SkewedRuntime)
     cluster.create(DEPLOYMENTS, llama_deployment())
-    cluster.create(POLICIES, admission_policy(calibration={"timeoutSeconds": 30, "budgetSeconds": 20}))
-    (job,) = eventually(lambda: job_names(cluster))
-    # As if it had been created an hour ago and Kubernetes never failed it (no Job controller).
-    cluster.patch(JOBS, job, {"metadata": {"creationTimestamp": "2026-01-01T00:00:00Z"}})
-    degraded = eventually(
-        lambda: (c := condition(cluster.get(POLICIES, "smollm2"), "Degraded")).get("status") == "True" and c
-    )
-    assert degraded["reason"] == "CalibrationTimedOut"
-    assert "has not finished" in degraded["message"]
-    assert len(cluster.calls("DELETE", "jobs")) >= 1  # stopped, not left to burn CPU
+    with running_operator(cluster):
+        cluster.create(POLICIES, admission_policy(calibration={"timeoutSeconds": 30, "budgetSeconds": 20}))
+        eventually(lambda: job_names(cluster))
+        # An hour later, by the operator's clock, and Kubernetes never failed it (no Job controller).
+        SKEW[0] = timedelta(hours=1)
+        degraded = eventually(
+            lambda: (c := condition(cluster.get(POLICIES, "smollm2"), "Degraded")).get("status") == "True" and c
+        )
+        assert degraded["reason"] == "CalibrationTimedOut"
+        assert "has not finished" in degraded["message"]
+        assert len(cluster.calls("DELETE", "jobs")) >= 1  # stopped, not left to burn CPU
 
 
 def test_a_result_that_is_no_profile_is_a_failure_too(cluster: Cluster, operator: KopfRunner) -> None:
@@ -153,20 +170,33 @@ def test_pushes_that_fail_are_visible(cluster: Cluster, operator: KopfRunner) ->
     assert status_of(cluster, "Ready") == "False"
 
 
-@pytest.mark.parametrize(
-    ("change", "words"),
-    [
-        ({"classes": [{"name": "a"}, {"name": "a"}]}, "unique"),
-        ({"concurrency": {"max": 2}, "classes": [{"name": "a", "reservedSlots": 2}, {"name": "b"}]}, "no slot"),
-        ({"slo": {"ttftSeconds": -1}}, "greater than 0"),
-    ],
-    ids=["repeated class name", "reserved slots leave none", "negative SLO"],
-)
-def test_a_spec_the_schema_let_through_is_invalid(
-    cluster: Cluster, operator: KopfRunner, change: dict[str, Any], words: str
+INVALID_SPECS = [
+    ({"classes": [{"name": "a"}, {"name": "a"}]}, "Duplicate value", "unique"),
+    ({"concurrency": {"max": 2}, "classes": [{"name": "a", "reservedSlots": 2}, {"name": "b"}]},
+     "leaving the lowest class none", "no slot"),
+    ({"slo": {"ttftSeconds": -1}}, "should be greater than 0", "greater than 0"),
+]  # fmt: skip
+"""(change, the API server's refusal, the operator's own words): each refused by the CRD's
+schema or CEL rules today, and found by the operator's own check in a policy stored before."""
+IDS = ["repeated class name", "reserved slots leave none", "negative SLO"]
+
+
+@pytest.mark.parametrize(("change", "refusal", "words"), INVALID_SPECS, ids=IDS)
+def test_the_api_server_refuses_an_invalid_spec(cluster: Cluster, change: dict[str, Any], refusal: str,
+                                                words: str) -> None:  # fmt: skip
+    with pytest.raises(ApiError) as refused:
+        cluster.create(POLICIES, admission_policy(**change))
+    assert refused.value.status == 422
+    assert refusal in refused.value.body
+
+
+@pytest.mark.parametrize(("change", "refusal", "words"), INVALID_SPECS, ids=IDS)
+def test_an_invalid_spec_stored_under_an_older_crd_is_invalid(
+    cluster: Cluster, operator: KopfRunner, change: dict[str, Any], refusal: str, words: str
 ) -> None:
     cluster.create(DEPLOYMENTS, llama_deployment())
-    cluster.create(POLICIES, admission_policy(**change))
+    with cluster.policy_crd_without_rules():  # as a CRD before these rules were added would
+        cluster.create(POLICIES, admission_policy(**change))
     invalid = eventually(
         lambda: (c := condition(cluster.get(POLICIES, "smollm2"), "Invalid")).get("status") == "True" and c
     )
@@ -196,12 +226,12 @@ def test_a_container_that_does_not_exist_is_invalid(cluster: Cluster, operator: 
 
 
 def test_api_conflicts_and_errors_are_retried(cluster: Cluster, operator: KopfRunner) -> None:
-    cluster.emulator.faults += [Fault("PATCH", "deployments", 409), Fault("POST", "jobs", 500, times=5)]
+    cluster.faults += [Fault("PATCH", "deployments", 409), Fault("POST", "jobs", 500, times=5)]
     cluster.create(DEPLOYMENTS, llama_deployment())
     cluster.create(POLICIES, admission_policy())
     (job,) = eventually(lambda: job_names(cluster), what="a Job despite the errors")
     complete_job(cluster, job, compact_json(smollm2_profile()))
     eventually(lambda: len(cluster.get(DEPLOYMENTS, "smollm2")["spec"]["template"]["spec"]["containers"]) == 2)
-    assert all(f.times == 0 for f in cluster.emulator.faults)  # every fault was met
+    assert all(f.times == 0 for f in cluster.faults)  # every fault was met
     eventually(lambda: status_of(cluster, "Ready") == "True")
     assert cluster.forbidden == []  # the re-read after the 409 is within the operator's RBAC

@@ -12,8 +12,8 @@ from collections.abc import Iterator
 
 import pytest
 
+from api_cluster import DEPLOYMENTS, POLICIES, Cluster
 from canned_profiles import smollm2_profile
-from emulated_cluster import DEPLOYMENTS, POLICIES, Cluster
 from manifests import admission_policy, condition, llama_deployment
 from polling import eventually
 from slogate_calibration.output import compact_json

@@ -1,9 +1,9 @@
-"""What a real cluster does that kmock alone did not, one test per defect of the issue "The
-operator on a real cluster" (each fails on commit ffda16c): probes the kubelet sends to the pod
+"""What a real cluster does that plain kmock (what these tests first ran on) did not, one test
+per defect of the issue "The operator on a real cluster" (each fails on commit ffda16c): probes the kubelet sends to the pod
 IP, defaults the API server writes, volumes it validates, Secrets and ConfigMaps that are the
-user's, claims between policies, ports that clash. The API mock behind ``cluster`` defaults,
-validates, enforces the operator's RBAC and fails the test on a probe no kubelet could pass
-(tests/kube_emulation.py)."""
+user's, claims between policies, ports that clash. ``cluster`` is a real kube-apiserver
+(tests/api_cluster.py): it defaults, validates and enforces the operator's RBAC; the proxy in
+front fails the test on a probe no kubelet could pass (tests/kubelet_lint.py)."""
 
 from __future__ import annotations
 
@@ -14,8 +14,8 @@ import pytest
 from kopf.testing import KopfRunner
 from operator_flows import apply_and_calibrate, events, policy, status_of, thresholds_in
 
+from api_cluster import CONFIGMAPS, DEPLOYMENTS, JOBS, NS, POLICIES, SECRETS, Cluster
 from canned_profiles import smollm2_profile
-from emulated_cluster import CONFIGMAPS, DEPLOYMENTS, JOBS, NS, POLICIES, SECRETS, Cluster
 from kopf_thread import settle
 from kube_faults import Fault
 from manifests import admission_policy, condition, llama_deployment
@@ -132,7 +132,7 @@ def test_a_secret_without_its_token_is_degraded_with_a_warning(cluster: Cluster,
 
 
 def test_a_job_the_api_server_refuses_is_degraded_with_its_message(cluster: Cluster, operator: KopfRunner) -> None:
-    cluster.emulator.faults.append(Fault("POST", "jobs", 422))
+    cluster.faults.append(Fault("POST", "jobs", 422))
     cluster.create(DEPLOYMENTS, llama_deployment())
     cluster.create(POLICIES, admission_policy())
     found = degraded(cluster)
@@ -243,7 +243,7 @@ def test_a_conflicting_write_is_re_read_within_the_operators_rbac(cluster: Clust
     cluster.create(DEPLOYMENTS, llama_deployment())
     cluster.create(POLICIES, admission_policy())
     (job,) = eventually(lambda: job_names(cluster))
-    cluster.emulator.faults.append(Fault("PATCH", "deployments", 409))
+    cluster.faults.append(Fault("PATCH", "deployments", 409))
     complete_job(cluster, job, compact_json(smollm2_profile()))
     eventually(lambda: len(containers_of(cluster)) == 2, what="the injection, after a re-read")
     assert cluster.forbidden == []

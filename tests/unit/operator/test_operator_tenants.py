@@ -1,4 +1,4 @@
-"""spec.tenants through the real operator (kopf against kmock): the thresholds carry the tenant
+"""spec.tenants through the real operator (kopf against a real API server): the thresholds carry the tenant
 policy, and a change of it alone is derived again and pushed to the running sidecars, without
 a new calibration; removing it takes it out of both."""
 
@@ -11,8 +11,8 @@ from counting_sidecars import CountingSidecars
 from kopf.testing import KopfRunner
 from operator_flows import assert_status_fits_the_crd, policy, status_of, thresholds_in
 
+from api_cluster import DEPLOYMENTS, POLICIES, Cluster
 from canned_profiles import smollm2_profile
-from emulated_cluster import DEPLOYMENTS, POLICIES, Cluster
 from manifests import admission_policy, llama_deployment
 from polling import eventually
 from slogate_admission.schema import Thresholds

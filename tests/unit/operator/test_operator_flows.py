@@ -1,4 +1,4 @@
-"""The real operator (kopf) against kmock: the main path, selection and removal, RBAC.
+"""The real operator (kopf) against a real API server: the main path, selection and removal, RBAC.
 The tests play the Job and Deployment controllers; profiles are the builder's SmolLM2
 shape (tests/integration/test_operator_sidecars.py runs the same flow on a profile
 measured by the real `slogate calibrate`, with real sidecars receiving the pushes)."""
@@ -21,8 +21,8 @@ from operator_flows import (
     thresholds_in,
 )
 
+from api_cluster import CONFIGMAPS, DEPLOYMENTS, EVENTS, POLICIES, SECRETS, Cluster
 from canned_profiles import smollm2_profile
-from emulated_cluster import CONFIGMAPS, DEPLOYMENTS, EVENTS, POLICIES, SECRETS, Cluster
 from kopf_thread import settle
 from manifests import admission_policy, condition, llama_deployment
 from polling import eventually
@@ -158,7 +158,7 @@ def test_a_policy_created_again_adopts_its_configmap(cluster: Cluster, operator:
     old_uid = policy(cluster)["metadata"]["uid"]
     cluster.delete(POLICIES, "smollm2")
     eventually(lambda: cluster.get(POLICIES, "smollm2") is None)
-    cluster.create(POLICIES, admission_policy())  # kmock collects no garbage: the ConfigMap is still there
+    cluster.create(POLICIES, admission_policy())  # no garbage collector runs here: the ConfigMap is still there
     new_uid = eventually(lambda: policy(cluster)["metadata"]["uid"])
     assert new_uid != old_uid
     owners = eventually(
