@@ -25,6 +25,7 @@ from suite import RELEASE_NAMESPACE
 from crd_variants import EXAMPLE_POLICIES, EXAMPLES, INVALID, VALID, base_policy, model_errors
 from slogate_operator.injection import SidecarConfig, injected_template, template_patch
 from slogate_operator.rbac import PERMISSIONS
+from slogate_operator.settings import OperatorSettings
 
 DRY_RUN_NAMESPACE = "default"
 pytestmark = pytest.mark.usefixtures("release")  # the chart installs the CRD and the RBAC judged here
@@ -75,14 +76,16 @@ def operator_account(kube: Kube, release: str) -> str:
     return f"system:serviceaccount:{RELEASE_NAMESPACE}:{account}"
 
 
-Access = tuple[str, str, str, str | None]
+Access = tuple[str, ...] | tuple[str, str, str, str | None]
+"""(verb, group, resource, namespace or None[, name])."""
 """verb, API group, resource, namespace (None: cluster-wide)."""
 
 
 def allowed(kube: Kube, who: str, access: Access) -> bool:
     """The real authorizer's answer (a SubjectAccessReview, as the API server asks itself)."""
-    verb, group, resource, namespace = access
-    attributes = {"verb": verb, "group": group, "resource": resource, **({"namespace": namespace} if namespace else {})}
+    verb, group, resource, namespace, *name = access
+    attributes = {"verb": verb, "group": group, "resource": resource, **({"namespace": namespace} if namespace else {}),
+                  **({"name": name[0]} if name else {})}  # fmt: skip
     review = {"apiVersion": "authorization.k8s.io/v1", "kind": "SubjectAccessReview",
               "spec": {"user": who, "groups": ["system:serviceaccounts", "system:authenticated"],
                        "resourceAttributes": attributes}}  # fmt: skip
@@ -100,14 +103,20 @@ NOT_WHEN_SERVING_ALL = {"kopfpeerings", "namespaces"}
 
 def test_the_charts_rbac_grants_the_operator_exactly_what_it_calls(kube: Kube, release: str) -> None:
     who = operator_account(kube, release)
-    wanted: list[Access] = [(verb, p.group, p.resource, None if p.scope == "cluster" else "llm")
-              for p in PERMISSIONS if p.resource not in NOT_WHEN_SERVING_ALL for verb in p.verbs]  # fmt: skip
+    defaults = OperatorSettings()  # the chart's values name the same objects by default
+    wanted: list[Access] = [
+        (verb, p.group, p.resource, None if p.scope == "cluster" else "llm",
+         *((getattr(defaults, p.named_by),) if p.named_by else ()))
+        for p in PERMISSIONS if p.resource not in NOT_WHEN_SERVING_ALL for verb in p.verbs
+    ]  # fmt: skip
     refused = [w for w in wanted if not allowed(kube, who, w)]
     assert refused == [], f"listed in slogate_operator.rbac but refused by the chart's RBAC: {refused}"
     beyond = [w for w in (
         ("create", "", "pods", "llm"), ("delete", "apps", "deployments", "llm"),
         ("update", "apps", "deployments", "llm"),
         ("delete", "", "secrets", "llm"), ("list", "", "secrets", "llm"), ("patch", "", "nodes", None),
+        ("get", "", "secrets", "llm", "a-users-secret"), ("patch", "", "secrets", "llm", "a-users-secret"),
+        ("create", "events.k8s.io", "events", "llm"),
         ("create", "rbac.authorization.k8s.io", "clusterroles", None), ("create", "", "pods/exec", "llm"),
         ("delete", "slogate.dev", "admissionpolicies", "llm"), ("list", "kopf.dev", "kopfpeerings", "llm"),
         ("list", "", "namespaces", None),

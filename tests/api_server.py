@@ -26,6 +26,7 @@ import yaml
 from api_proxy import OPERATOR_ACCOUNT
 from project_files import CRD_PATH, ROOT
 from slogate_operator import rbac
+from slogate_operator.settings import OperatorSettings
 
 sys.path.insert(0, str(ROOT / "e2e" / "kube"))
 from control_plane import STOP_ORDER, Binaries, ControlPlane, free_port, wait_for
@@ -117,7 +118,10 @@ class Admin:
 
 def operator_cluster_role() -> dict[str, Any]:
     """slogate_operator.rbac's table as one ClusterRole (the chart's when serving all namespaces)."""
-    rules = [{"apiGroups": [p.group], "resources": [p.resource], "verbs": list(p.verbs)} for p in rbac.PERMISSIONS]
+    defaults = OperatorSettings()
+    rules = [{"apiGroups": [p.group], "resources": [p.resource], "verbs": list(p.verbs),
+              **({"resourceNames": [getattr(defaults, p.named_by)]} if p.named_by else {})}
+             for p in rbac.PERMISSIONS]  # fmt: skip
     return {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
             "metadata": {"name": "slogate-operator"}, "rules": rules}  # fmt: skip
 

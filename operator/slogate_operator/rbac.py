@@ -20,6 +20,9 @@ class Permission:
     scope: str = "namespace"
     """``namespace``: in each served namespace (a ClusterRole when serving all);
     ``cluster``: always cluster-wide."""
+    named_by: str = ""
+    """Granted on one object only (RBAC ``resourceNames``): the one the operator setting of
+    this name names (the chart's matching value). Empty: any object of the resource."""
 
 
 PERMISSIONS: tuple[Permission, ...] = (
@@ -36,8 +39,9 @@ PERMISSIONS: tuple[Permission, ...] = (
                "one calibration Job per fingerprint; delete a failed one before retrying, a superseded one"),
     Permission("", "configmaps", ("get", "create", "patch"),
                "the thresholds ConfigMap the sidecars mount (and the profile it came from)"),
-    Permission("", "secrets", ("get", "create", "patch"),
-               "the admin token Secret: create it, read the token to push, add each policy as an owner"),
+    Permission("", "secrets", ("create",), "the admin token Secret, once per namespace (a create names no object)"),
+    Permission("", "secrets", ("get", "patch"), "the admin token Secret: read the token to push, add each policy "
+               "as an owner; no other Secret", named_by="admin_token_secret"),
     Permission("keda.sh", "scaledobjects", ("list", "create", "patch", "delete"),
                "spec.autoscaling, engine keda: one ScaledObject per target, kept as the spec says, deleted when "
                "disabled or no longer targeted"),
@@ -45,7 +49,6 @@ PERMISSIONS: tuple[Permission, ...] = (
                "spec.autoscaling, engine hpa: one HPA per target (as for ScaledObjects); both engines: read the "
                "HPA's desired and current replicas (KEDA's own for a ScaledObject)"),
     Permission("", "events", ("create",), "Warning and Normal events on policies"),
-    Permission("events.k8s.io", "events", ("create",), "the same, where kopf posts through the events API"),
     Permission("apiextensions.k8s.io", "customresourcedefinitions", ("list", "watch"),
                "kopf discovers the resources it serves", scope="cluster"),
     Permission("kopf.dev", "clusterkopfpeerings", ("get", "list", "watch", "patch"),
@@ -67,5 +70,6 @@ def markdown_table() -> str:
     rows = ["| API group | resource | verbs | scope | why |", "| --- | --- | --- | --- | --- |"]
     for p in PERMISSIONS:
         group = f"`{p.group}`" if p.group else '`""` (core)'
-        rows.append(f"| {group} | `{p.resource}` | {', '.join(p.verbs)} | {p.scope} | {p.why} |")
+        resource = f"`{p.resource}`" + (f" (only the one `{p.named_by}` names)" if p.named_by else "")
+        rows.append(f"| {group} | {resource} | {', '.join(p.verbs)} | {p.scope} | {p.why} |")
     return "\n".join(rows)

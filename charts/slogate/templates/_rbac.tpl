@@ -31,10 +31,15 @@ namespace globs, which values.schema.json does not accept.)
 - apiGroups: [""]
   resources: ["configmaps"]
   verbs: ["get", "create", "patch"]
-# The sidecar admin token: created, read to push, each policy added as an owner.
+# The sidecar admin token: created (a create names no object), then read to push and each
+# policy added as an owner: that Secret only, by name.
 - apiGroups: [""]
   resources: ["secrets"]
-  verbs: ["get", "create", "patch"]
+  verbs: ["create"]
+- apiGroups: [""]
+  resources: ["secrets"]
+  resourceNames: [{{ .Values.operator.adminTokenSecretName | quote }}]
+  verbs: ["get", "patch"]
 # spec.autoscaling: one KEDA ScaledObject (engine keda) or HPA (engine hpa) per target, kept as
 # the spec says and deleted when disabled; the HPA's desired and current replicas read back
 # (KEDA's own HPA for a ScaledObject). Never the Deployment's replicas: the HPA controller writes those.
@@ -44,11 +49,8 @@ namespace globs, which values.schema.json does not accept.)
 - apiGroups: ["autoscaling"]
   resources: ["horizontalpodautoscalers"]
   verbs: ["get", "list", "create", "patch", "delete"]
-# Warning and Normal events on the policies (core and events.k8s.io, as kopf posts).
+# Warning and Normal events on the policies (core v1 events: kopf's and the operator's own).
 - apiGroups: [""]
-  resources: ["events"]
-  verbs: ["create"]
-- apiGroups: ["events.k8s.io"]
   resources: ["events"]
   verbs: ["create"]
 {{- end }}

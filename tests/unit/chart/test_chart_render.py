@@ -120,18 +120,21 @@ def test_namespaced_operator_gets_roles_and_peerings_only_where_it_watches() -> 
     )
 
 
-def grants(rules: list[dict[str, Any]]) -> set[tuple[str, str, str]]:
-    return {(g, r, v) for rule in rules for g in rule["apiGroups"] for r in rule["resources"] for v in rule["verbs"]}
+def grants(rules: list[dict[str, Any]]) -> set[tuple[str, str, str, tuple[str, ...]]]:
+    """(group, resource, verb, resourceNames: empty for any object) of each rule."""
+    return {(g, r, v, tuple(rule.get("resourceNames") or ())) for rule in rules for g in rule["apiGroups"]
+            for r in rule["resources"] for v in rule["verbs"]}  # fmt: skip
 
 
-def operator_calls(*, scope: str, cluster_wide: bool) -> set[tuple[str, str, str]]:
+def operator_calls(*, scope: str, cluster_wide: bool) -> set[tuple[str, str, str, tuple[str, ...]]]:
     """slogate_operator.rbac.PERMISSIONS (the operator's own list, checked against every
     call it makes) for one kind of role. Peering: ClusterKopfPeering when serving every
     namespace, KopfPeering per namespace otherwise; `namespaces` is only for namespace
     globs, which the chart's schema refuses."""
     skip = {"namespaces", "kopfpeerings" if cluster_wide else "clusterkopfpeerings"}
+    defaults = settings.OperatorSettings()  # the chart's values name the same objects by default
     return {
-        (p.group, p.resource, verb)
+        (p.group, p.resource, verb, (getattr(defaults, p.named_by),) if p.named_by else ())
         for p in PERMISSIONS
         if p.resource not in skip and (p.scope == scope or (cluster_wide and scope == "cluster"))
         for verb in p.verbs
@@ -141,9 +144,17 @@ def operator_calls(*, scope: str, cluster_wide: bool) -> set[tuple[str, str, str
 def test_rbac_grants_what_the_operator_calls_and_nothing_else() -> None:
     """Cluster-wide: one ClusterRole with exactly the operator's table."""
     granted = grants(one(render(), "ClusterRole").obj["rules"])
-    assert "*" not in {g for g, _, _ in granted}
-    assert "*" not in {v for _, _, v in granted}
+    assert "*" not in {g for g, _, _, _ in granted}
+    assert "*" not in {v for _, _, v, _ in granted}
     assert granted == operator_calls(scope="cluster", cluster_wide=True)
+
+
+def test_the_only_secret_the_operator_reads_is_its_token_named_by_the_values() -> None:
+    secrets = {g for g in grants(one(render(), "ClusterRole").obj["rules"]) if g[1] == "secrets"}
+    assert secrets == {("", "secrets", "create", ()), ("", "secrets", "get", ("slogate-admin-token",)),
+                       ("", "secrets", "patch", ("slogate-admin-token",))}  # fmt: skip
+    renamed = render({"operator": {"adminTokenSecretName": "gate-token"}})
+    assert ("", "secrets", "get", ("gate-token",)) in grants(one(renamed, "ClusterRole").obj["rules"])
 
 
 def test_namespaced_rbac_splits_the_table_into_roles_and_discovery() -> None:

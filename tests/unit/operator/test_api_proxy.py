@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from kopf.testing import KopfRunner
 
-from api_cluster import DEPLOYMENTS, JOBS, NS, POLICIES, ApiError, Cluster
+from api_cluster import DEPLOYMENTS, JOBS, NS, POLICIES, SECRETS, ApiError, Cluster
 from kopf_thread import settle
 from kube_faults import Fault
 from manifests import admission_policy, llama_deployment
@@ -54,6 +54,12 @@ def test_an_operator_call_outside_its_rbac_is_forbidden_one_inside_is_served(clu
     assert [(r.verb, r.resource, r.agent) for r in cluster.forbidden] == [
         ("delete", "deployments", OPERATOR), ("patch", "deployments/status", "kopf/1.45"),
     ]  # fmt: skip
+    # Secrets: only the admin token, by name (a user's Secret in the same namespace is refused).
+    cluster.create(SECRETS, {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "a-users-secret"}})
+    with pytest.raises(ApiError) as users_secret:
+        cluster.request("GET", f"{SECRETS.format(ns=NS)}/a-users-secret", agent=OPERATOR)
+    assert users_secret.value.status == 403
+    assert (cluster.forbidden[-1].verb, cluster.forbidden[-1].resource) == ("get", "secrets")
     assert cluster.get(DEPLOYMENTS, "smollm2") is not None  # the test's own client is not the operator
     cluster.delete(DEPLOYMENTS, "smollm2")
 
