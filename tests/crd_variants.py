@@ -12,7 +12,7 @@ from typing import Any
 
 import yaml
 
-from slogate_admission.tenant_schema import DEFAULT_MAX_TRACKED, OTHER_TENANTS
+from slogate_admission.tenant_schema import DEFAULT_MAX_TRACKED, MAX_LISTED_TENANTS, OTHER_TENANTS
 from slogate_operator.spec import SpecError, parse_spec
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
@@ -120,6 +120,9 @@ INVALID: dict[str, Callable[[dict[str, Any]], None]] = {
     "tenants weights past maxTracked (CEL)": set_at("tenants", {"maxTracked": 2, "weights": {"a": 1, "b": 2, "c": 3}}),
     "tenants weights past the default maxTracked (CEL)": set_at(
         "tenants", {"weights": {f"team-{i}": 1 for i in range(DEFAULT_MAX_TRACKED + 1)}}
+    ),
+    "tenants weights past 1,000": set_at(
+        "tenants", {"maxTracked": 10_000, "weights": {f"team-{i}": 1 for i in range(MAX_LISTED_TENANTS + 1)}}
     ),
     "tenants weight zero": set_at("tenants", {"weights": {"acme": 0}}),
     "tenants weight negative": set_at("tenants", {"weights": {"acme": -2}}),

@@ -18,6 +18,7 @@ __all__ = [
     "DEFAULT_HALF_LIFE_S",
     "DEFAULT_MAX_TRACKED",
     "DEFAULT_TENANT_HEADER",
+    "MAX_LISTED_TENANTS",
     "OTHER_TENANTS",
     "TENANT_NAME_PATTERN",
     "TenantName",
@@ -40,6 +41,10 @@ TenantName = Annotated[str, Field(pattern=TENANT_NAME_PATTERN)]
 Weight = Annotated[float, Field(gt=0, le=1e6, allow_inf_nan=False)]
 HeaderName = Annotated[str, Field(pattern=r"^[A-Za-z0-9-]{1,64}$")]
 MaxTracked = Annotated[int, Field(ge=1, le=10_000)]
+MAX_LISTED_TENANTS = 1000
+"""At most this many tenants in ``weights``: 1,000 names of 128 characters are about 140 KB of
+JSON, which fits beside the rest of the policy in `kubectl apply`'s last-applied annotation
+(annotations: 256 KiB in total) and in the thresholds ConfigMap (1 MiB); 2,000 did not."""
 
 
 def _check_listed(weights: dict[str, float], max_tracked: int) -> None:
@@ -58,9 +63,9 @@ class TenantsPolicy(Model):
     identity and drop what clients send: a client free to name itself takes a fresh share.
     A request without it is its API key's tenant (the sidecar's ``--api-key-tenants``),
     else the shared account."""
-    weights: dict[TenantName, Weight] = Field(default_factory=dict)
+    weights: dict[TenantName, Weight] = Field(default_factory=dict, max_length=MAX_LISTED_TENANTS)
     """Tenant -> weight; an unlisted tenant weighs 1. Listed tenants always have their own
-    account, so there are at most ``maxTracked`` of them."""
+    account, so there are at most ``maxTracked`` of them (and at most ``MAX_LISTED_TENANTS``)."""
     max_tracked: MaxTracked = DEFAULT_MAX_TRACKED
     """Tenants with an account of their own, and so a metric label; every other tenant
     shares one account (``_other``, weight 1). Bounds memory and the metrics' cardinality

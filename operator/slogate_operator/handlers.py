@@ -32,6 +32,10 @@ from slogate_operator.reconcile import reconcile
 from slogate_operator.settings import OperatorSettings
 
 RESOURCE = (names.GROUP, names.VERSION, names.PLURAL)
+DIFFBASE_IGNORED = ("spec", "metadata.labels", "metadata.annotations")
+"""All of what kopf would copy into the last-handled-configuration annotation: no handler
+here reads a diff, and a copy of a policy's spec or annotations could pass the API server's
+256 KiB for all of an object's annotations (kopf then loops on the refusal)."""
 
 
 def configured(memo: Any) -> OperatorSettings:
@@ -67,10 +71,11 @@ def login(memo: kopf.Memo, settings: kopf.OperatorSettings, **_: Any) -> kopf.Co
 async def startup(memo: kopf.Memo, settings: kopf.OperatorSettings, logger: kopf.Logger, **_: Any) -> None:
     config = configured(memo)
     # kopf keeps its handler progress and diff base in annotations under our own prefix;
-    # the status belongs to the operator alone.
+    # the status belongs to the operator alone. No handler reads the diff (the daemon
+    # reconciles from the spec itself, on.delete needs none): see DIFFBASE_IGNORED.
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=names.GROUP)
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
-        prefix=names.GROUP, key="last-handled-configuration"
+        prefix=names.GROUP, key="last-handled-configuration", ignored_fields=DIFFBASE_IGNORED
     )
     settings.persistence.finalizer = f"{names.GROUP}/operator"
     # Server-side filters: only the Jobs and pods the operator made or injected are sent

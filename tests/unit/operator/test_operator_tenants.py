@@ -4,6 +4,7 @@ a new calibration; removing it takes it out of both."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
@@ -16,7 +17,7 @@ from canned_profiles import smollm2_profile
 from manifests import admission_policy, llama_deployment
 from polling import eventually
 from slogate_admission.schema import Thresholds
-from slogate_admission.tenant_schema import DEFAULT_MAX_TRACKED, DEFAULT_TENANT_HEADER
+from slogate_admission.tenant_schema import DEFAULT_MAX_TRACKED, DEFAULT_TENANT_HEADER, MAX_LISTED_TENANTS
 from slogate_calibration.output import compact_json
 from workload_controllers import complete_job, job_names, run_pods
 
@@ -85,3 +86,28 @@ def test_a_change_of_spec_tenants_is_derived_again_and_pushed(cluster: Cluster, 
         assert len(cluster.calls("POST", "jobs")) == 1  # never measured again
     finally:
         fleet.close()
+
+
+def test_the_largest_tenant_map_the_crd_takes_fits_where_the_api_server_stores_it(
+    cluster: Cluster, operator: KopfRunner
+) -> None:
+    """1,000 tenants of 128 characters, applied as `kubectl apply` does (the whole object again
+    in its last-applied annotation): calibrated and Ready, the thresholds ConfigMap carries every
+    tenant, and the policy's annotations stay under the API server's 256 KiB (kopf's diff base
+    once copied the spec beside kubectl's copy, and the server refused every write after)."""
+    weights = {f"{i:04d}" + "t" * 124: 2 for i in range(MAX_LISTED_TENANTS)}
+    body = admission_policy(tenants={"maxTracked": MAX_LISTED_TENANTS, "weights": weights})
+    body["metadata"]["annotations"] = {"kubectl.kubernetes.io/last-applied-configuration": json.dumps(body)}
+    cluster.create(DEPLOYMENTS, llama_deployment())
+    cluster.create(POLICIES, body)
+    (job,) = eventually(lambda: job_names(cluster), what="a calibration Job")
+    complete_job(cluster, job, compact_json(smollm2_profile()))
+    eventually(lambda: status_of(cluster, "Ready") == "True", what="Ready")
+    derived = thresholds_in(cluster)
+    assert derived is not None
+    assert derived.tenants is not None
+    assert derived.tenants.weights == dict.fromkeys(weights, 2.0)
+    annotations = policy(cluster)["metadata"]["annotations"]
+    assert sum(len(k) + len(v) for k, v in annotations.items()) < 256 * 1024
+    refused = [c for c in cluster.calls("PATCH", "admissionpolicies") if c.status == 422]
+    assert refused == []
