@@ -59,10 +59,12 @@ HPAS = Resource("autoscaling", "v2", "horizontalpodautoscalers")
 class ApiError(RuntimeError):
     """The API server refused a call."""
 
-    def __init__(self, status: int, reason: str, message: str) -> None:
+    def __init__(self, status: int, reason: str, message: str, causes: tuple[str, ...] = ()) -> None:
         super().__init__(f"{status} {reason}: {message}")
         self.status = status
         self.reason = reason
+        self.causes = causes
+        """The fields a 422 names (``details.causes``: "spec.replicas: Invalid value: ...")."""
 
 
 class NotFoundError(ApiError):
@@ -203,7 +205,9 @@ class KubeClient:
         ops: Sequence[Mapping[str, Any]],
         subresource: str | None = None,
     ) -> dict[str, Any]:
-        """RFC 6902 JSON patch; a failed ``test`` op raises ConflictError."""
+        """RFC 6902 JSON patch; a failed ``test`` op raises ConflictError. The server answers
+        both a failed test and an invalid result with 422 Invalid; only the invalid result names
+        its fields (``details.causes``), and it is no conflict: retried, it fails the same."""
         try:
             patched: dict[str, Any] = await self.request(
                 "PATCH",
@@ -212,7 +216,7 @@ class KubeClient:
                 content_type="application/json-patch+json",
             )
         except ApiError as error:
-            if error.status == 422 and any(op.get("op") == "test" for op in ops):
+            if error.status == 422 and not error.causes and any(op.get("op") == "test" for op in ops):
                 raise ConflictError(error.status, error.reason, str(error)) from None
             raise
         return patched
@@ -248,9 +252,12 @@ def _decoded(body: bytes) -> object:
 
 def _error(status: int, method: str, path: str, payload: object) -> ApiError:
     reason = message = ""
+    causes: tuple[str, ...] = ()
     if isinstance(payload, Mapping):
         reason = str(payload.get("reason", ""))
         message = str(payload.get("message", ""))[:500]
+        listed = (payload.get("details") or {}).get("causes") or []
+        causes = tuple(f"{c.get('field', '')}: {c.get('message', '')}" for c in listed if isinstance(c, Mapping))
     elif isinstance(payload, _Text):
         message = payload[:500]
     message = f"{method} {path}: {message or 'no message'}"
@@ -258,4 +265,4 @@ def _error(status: int, method: str, path: str, payload: object) -> ApiError:
         return NotFoundError(status, reason or "NotFound", message)
     if status == 409:
         return ConflictError(status, reason or "Conflict", message)
-    return ApiError(status, reason or "Error", message)
+    return ApiError(status, reason or "Error", message, causes)
