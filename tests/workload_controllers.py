@@ -196,8 +196,13 @@ def keda_makes_hpa(cluster: Cluster, scaled_object: str, ns: str = NS) -> dict[s
     return cluster.create(HPAS, hpa, ns)
 
 
-def hpa_reports(cluster: Cluster, name: str, *, current: int, desired: int, ns: str = NS) -> dict[str, Any]:
-    """The HPA controller's status write (through /status): the replicas it saw and wants."""
+def hpa_reports(
+    cluster: Cluster, name: str, *, current: int, desired: int, conditions: list[dict[str, Any]] | None = None,
+    ns: str = NS,
+) -> dict[str, Any]:  # fmt: skip
+    """The HPA controller's status write (through /status): the replicas it saw and wants, and
+    its conditions (e.g. ScalingActive False, AmbiguousSelector)."""
+    stamped = [{"lastTransitionTime": now(), **c} for c in conditions or ()]
     status = {"currentReplicas": current, "desiredReplicas": desired, "lastScaleTime": now(),
-              "currentMetrics": [], "conditions": []}  # fmt: skip
+              "currentMetrics": [], "conditions": stamped}  # fmt: skip
     return cluster.json_patch(HPAS, name, [{"op": "add", "path": "/status", "value": status}], ns, sub="status")

@@ -148,6 +148,7 @@ async def _apply(
     stale = [(kind, name) for name in mine if name not in wanted] + [(k, n) for k, n in recorded if k != kind]
     await _delete(client, policy, stale, report)
     taken: list[str] = []
+    blocked: list[str] = []
     objects: list[dict[str, Any]] = []
     for name, request in sorted(wanted.items()):
         body = autoscaler(request)
@@ -167,6 +168,7 @@ async def _apply(
             "HorizontalPodAutoscaler", "get", client.get(HPAS, policy.namespace, hpa_name(spec.engine, name))
         )  # fmt: skip
         hpa_status = (hpa or {}).get("status") or {}
+        blocked += cannot_scale(hpa_name(spec.engine, name), hpa_status)
         objects.append(
             _without_none(
                 {
@@ -180,7 +182,7 @@ async def _apply(
             )
         )
     report.status = _summary(spec, objects)
-    report.condition = _judged(spec, kind, objects, taken, bool(deployments))
+    report.condition = _judged(spec, kind, objects, taken, targeted=bool(deployments), blocked=blocked)
 
 
 async def _update(
@@ -267,13 +269,36 @@ def _summary(spec: AutoscalingSpec, objects: Sequence[Mapping[str, Any]]) -> dic
     )
 
 
+HPA_CAN_SCALE = ("AbleToScale", "ScalingActive")
+"""The HPA controller's own verdicts on an HPA: False is an HPA that does not scale (no metric,
+the target's scale subresource unreadable, or AmbiguousSelector: a second HPA on the same pods,
+which since Kubernetes 1.26 disables both)."""
+
+
+def cannot_scale(name: str, hpa_status: Mapping[str, Any]) -> list[str]:
+    """The HPA controller's reasons this HPA does not scale, one line each (none: it may)."""
+    return [
+        f"HPA {name}: {c.get('type')} {c.get('reason')}: {c.get('message', '')}".rstrip(": ")
+        for c in hpa_status.get("conditions") or ()
+        if c.get("type") in HPA_CAN_SCALE and c.get("status") == "False"
+    ]
+
+
 def _judged(
-    spec: AutoscalingSpec, kind: str, objects: Sequence[Mapping[str, Any]], taken: Sequence[str], targeted: bool
+    spec: AutoscalingSpec,
+    kind: str,
+    objects: Sequence[Mapping[str, Any]],
+    taken: Sequence[str],
+    *,
+    targeted: bool,
+    blocked: Sequence[str] = (),
 ) -> Condition:
     if taken:
         return Condition(C.AUTOSCALING_READY, False, "NameTaken", "; ".join(taken))
     if not targeted:
         return Condition(C.AUTOSCALING_READY, False, "NoTarget", "no usable target Deployment to scale")
+    if blocked:
+        return Condition(C.AUTOSCALING_READY, False, "HpaCannotScale", "; ".join(blocked))
     waiting = [o for o in objects if "currentReplicas" not in o]
     if waiting:
         who = ", ".join(str(o["name"]) for o in waiting)

@@ -235,6 +235,17 @@ def test_the_hpa_engine_owns_a_valid_hpa_reads_its_status_and_gives_way_to_keda(
     assert (found["engine"], found["currentReplicas"], found["objects"][0]["hpa"]) == ("hpa", 2, "smollm2-smollm2")
     assert scaling_condition(cluster)["status"] == "True"
     assert_status_fits_the_crd(policy(cluster))
+    # The HPA controller says it does not scale (here a user's own HPA on the same pods, which
+    # disables both since Kubernetes 1.26): the policy says so, in the controller's words.
+    ambiguous = {"type": "ScalingActive", "status": "False", "reason": "AmbiguousSelector",
+                 "message": "pods by selector app=smollm2 are controlled by multiple HPAs: [llm/smollm2-smollm2 llm/mine]"}  # fmt: skip
+    hpa_reports(cluster, "smollm2-smollm2", current=2, desired=2, conditions=[ambiguous])
+    found = eventually(lambda: (c := scaling_condition(cluster)).get("reason") == "HpaCannotScale" and c)
+    assert found["status"] == "False"
+    assert "AmbiguousSelector" in found["message"]
+    assert "multiple HPAs" in found["message"]
+    hpa_reports(cluster, "smollm2-smollm2", current=2, desired=4, conditions=[ambiguous | {"status": "True"}])
+    eventually(lambda: scaling_condition(cluster).get("reason") == "Scaling", what="scaling again")
     # Switching engines: the HPA goes, a ScaledObject comes.
     cluster.install_keda(keda_schema())
     cluster.patch(POLICIES, "smollm2", {"spec": {"autoscaling": {"engine": "keda"}}})
