@@ -114,6 +114,8 @@ class Pass:
     degraded: list[tuple[str, str]] = field(default_factory=list)
     calibrated: Condition | None = None
     report: PushReport | None = None
+    ungated: list[str] = field(default_factory=list)
+    """Targets whose pods serve without the gate (targets.ungated): not Ready while any do."""
     events: list[tuple[str, str, str]] = field(default_factory=list)
     wake_at: datetime | None = None
     notes: list[str] = field(default_factory=list)
@@ -345,6 +347,8 @@ class Pass:
                 for pod in await self.rt.client.list(PODS, self.policy.namespace, label_selector=query or None):
                     if matches(pod):
                         pods[pod["metadata"]["name"]] = pod
+        if sidecar.inject:  # without injection the user runs the gate: its pods are not told apart
+            self.ungated = targets.ungated([t.deployment for t in scan.targets], list(pods.values()))
         found = endpoints(list(pods.values()), sidecar.admin_port, injected=sidecar.inject)
         tracker = self.rt.push_tracker(self.policy.namespace, self.policy.name)
         tracker.start(
@@ -382,6 +386,8 @@ class Pass:
             pushed = Condition(C.THRESHOLDS_PUSHED, False, "NoThresholds", "no thresholds derived yet")
         elif report is None:
             pushed = Condition(C.THRESHOLDS_PUSHED, False, "NoTarget", "no target to push to")
+        elif self.ungated:
+            pushed = Condition(C.THRESHOLDS_PUSHED, False, "UngatedPods", "; ".join(self.ungated))
         elif report.complete:
             calibration = self.status["thresholds"]["calibrationId"]
             text = f"{report.text} running sidecars serve calibration {calibration}"

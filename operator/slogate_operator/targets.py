@@ -172,3 +172,26 @@ def pod_selector(deployment: Mapping[str, Any]) -> tuple[str, Callable[[Mapping[
         return True
 
     return ",".join(f"{k}={v}" for k, v in sorted(match.items())), matches
+
+
+def ungated(deployments: Sequence[Mapping[str, Any]], gated_pods: Sequence[Mapping[str, Any]]) -> list[str]:
+    """Why traffic to these Deployments may pass no gate, one line per Deployment: pods it counts
+    (``status.replicas``: every pod not terminating, of every ReplicaSet) beyond the gated ones
+    (``gated_pods``: those carrying the policy's label), e.g. old pods kept by a rollout stuck in
+    FailedCreate or CrashLoopBackOff; or replicas wanted and no gated pod running."""
+    found = []
+    for deployment in deployments:
+        meta, spec, status = deployment["metadata"], deployment.get("spec") or {}, deployment.get("status") or {}
+        if status.get("observedGeneration", 0) < meta.get("generation", 0):
+            continue  # the controller has not counted this template yet: next pass
+        _, matches = pod_selector(deployment)
+        mine = [p for p in gated_pods if matches(p) and not p["metadata"].get("deletionTimestamp")]
+        running = [p for p in mine if (p.get("status") or {}).get("phase") == "Running"]
+        extra = int(status.get("replicas") or 0) - len(mine)
+        if extra > 0:
+            found.append(
+                f"Deployment {meta['name']}: {extra} of its {status.get('replicas')} pods run without the gate"
+            )
+        elif int(spec.get("replicas", 1)) > 0 and not running:
+            found.append(f"Deployment {meta['name']}: no gated pod runs ({spec.get('replicas', 1)} wanted)")
+    return found

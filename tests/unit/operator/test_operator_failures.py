@@ -10,6 +10,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 import pytest
+from counting_sidecars import CountingSidecars
 from kopf.testing import KopfRunner
 from operator_flows import (
     ARGS_T1,
@@ -23,7 +24,7 @@ from operator_flows import (
     thresholds_in,
 )
 
-from api_cluster import DEPLOYMENTS, JOBS, POLICIES, ApiError, Cluster
+from api_cluster import DEPLOYMENTS, JOBS, PODS, POLICIES, ApiError, Cluster
 from canned_profiles import smollm2_profile
 from kopf_thread import running_operator, settle
 from kube_faults import Fault
@@ -32,7 +33,7 @@ from polling import eventually
 from slogate_calibration.output import compact_json
 from slogate_operator import handlers
 from slogate_operator.context import Runtime, utc_now
-from workload_controllers import complete_job, fail_job, job_names, run_pods
+from workload_controllers import complete_job, fail_job, job_names, run_pods, write_deployment_status
 
 pytestmark = pytest.mark.kopf_thread  # runs the real operator in a thread
 
@@ -235,3 +236,34 @@ def test_api_conflicts_and_errors_are_retried(cluster: Cluster, operator: KopfRu
     assert all(f.times == 0 for f in cluster.faults)  # every fault was met
     eventually(lambda: status_of(cluster, "Ready") == "True")
     assert cluster.forbidden == []  # the re-read after the 409 is within the operator's RBAC
+
+
+def test_pods_that_serve_without_the_gate_keep_the_policy_not_ready(cluster: Cluster, operator: KopfRunner) -> None:
+    """The second review's case: a rollout stuck (FailedCreate, CrashLoopBackOff) keeps old,
+    ungated pods serving while the gated ones acknowledged everything; Ready said True."""
+    fleet = CountingSidecars(cluster, 1)
+    try:
+        apply_and_calibrate(cluster, sidecar={"adminPort": fleet.port})
+        run_pods(cluster, "smollm2", fleet.ips)
+        write_deployment_status(cluster, "smollm2", replicas=1)
+        eventually(lambda: policy(cluster)["status"].get("pushed") == "1/1", what="the gated pod acknowledged")
+        eventually(lambda: status_of(cluster, "Ready") == "True", what="Ready with every pod gated")
+        # The controller counts a second pod the gate is not in (an old ReplicaSet's).
+        write_deployment_status(cluster, "smollm2", replicas=2)
+        found = eventually(
+            lambda: (c := condition(policy(cluster), "ThresholdsPushed")).get("reason") == "UngatedPods" and c
+        )
+        assert found["message"] == "Deployment smollm2: 1 of its 2 pods run without the gate"
+        assert status_of(cluster, "Ready") == "False"
+        write_deployment_status(cluster, "smollm2", replicas=1)
+        eventually(lambda: status_of(cluster, "Ready") == "True", what="Ready once the old pod is gone")
+        # No pod at all while one is wanted (a Recreate rollout whose new pod is never created).
+        for pod in cluster.list(PODS):
+            cluster.request("DELETE", f"{PODS.format(ns='llm')}/{pod['metadata']['name']}?gracePeriodSeconds=0")
+        write_deployment_status(cluster, "smollm2", replicas=0, ready_replicas=0)
+        none_runs = "Deployment smollm2: no gated pod runs (1 wanted)"
+        eventually(lambda: condition(policy(cluster), "ThresholdsPushed").get("message") == none_runs, what=none_runs)
+        assert condition(policy(cluster), "ThresholdsPushed")["reason"] == "UngatedPods"
+        assert status_of(cluster, "Ready") == "False"
+    finally:
+        fleet.close()
