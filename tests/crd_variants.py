@@ -111,6 +111,7 @@ INVALID: dict[str, Callable[[dict[str, Any]], None]] = {
     "autoscaling minReplicas zero": set_at("autoscaling", {"enabled": True, "minReplicas": 0, "maxReplicas": 2}),
     "autoscaling unknown engine": set_at("autoscaling", {"enabled": True, "maxReplicas": 2, "engine": "vpa"}),
     "autoscaling target utilization zero": set_at("autoscaling", {"maxReplicas": 2, "targetUtilization": 0}),
+    "autoscaling target utilization below 1%": set_at("autoscaling", {"maxReplicas": 2, "targetUtilization": 1e-9}),
     "autoscaling target utilization above one": set_at("autoscaling", {"maxReplicas": 2, "targetUtilization": 1.2}),
     "autoscaling scale-down window above an hour": set_at("autoscaling", {"scaleDownStabilizationSeconds": 3601}),
     "autoscaling scale-up window negative": set_at("autoscaling", {"scaleUpStabilizationSeconds": -1}),

@@ -210,7 +210,7 @@ class AutoscalingSpec(Model):
     min_replicas: Annotated[int, Field(ge=1)] = 1
     max_replicas: Annotated[int, Field(ge=1)] | None = None
     """Required when enabled; at least minReplicas."""
-    target_utilization: Annotated[float, Field(gt=0, le=1)] = 0.7
+    target_utilization: Annotated[float, Field(ge=0.01, le=1)] = 0.7
     """The average demand per pod, in server-seconds per second (pods' worth), the autoscaler holds."""
     scale_up_stabilization_seconds: Annotated[int, Field(ge=0, le=3600)] = 0
     scale_down_stabilization_seconds: Annotated[int, Field(ge=0, le=3600)] = 300
