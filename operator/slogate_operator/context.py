@@ -34,6 +34,8 @@ class Runtime:
     http: aiohttp.ClientSession
     clock: Callable[[], datetime] = utc_now
     instance: str = field(default_factory=socket.gethostname)
+    calibration_starts: asyncio.Lock = field(default_factory=asyncio.Lock)
+    """Held while counting the running calibration Jobs and starting one (max_calibrations)."""
     wakeups: dict[tuple[str, str], asyncio.Event] = field(default_factory=dict)
     interests: dict[tuple[str, str], Callable[[Mapping[str, Any]], bool]] = field(default_factory=dict)
     """Per policy: whether a Deployment concerns it (named, selected, or claimed by it)."""

@@ -116,6 +116,40 @@ async def _start(
     record: dict[str, Any],
     now: datetime,
 ) -> Progress:
+    """Start the Job, unless ``max_calibrations`` run already (then it waits, ``Queued``).
+    Counted and created under one lock, so the passes of this process never start more."""
+    async with rt.calibration_starts:
+        running = await calibrations_running(rt)
+        limit = rt.settings.max_calibrations
+        if running >= limit:
+            return Progress(JobState.RUNNING, record, waiting=("Queued", (
+                f"{running} calibrations run already, at most {limit} at once (the operator's "
+                "max_calibrations): this one starts when one of them ends"
+            )))  # fmt: skip
+        return await _create(rt, policy, spec=spec, target=target, key=key, record=record, now=now)
+
+
+async def calibrations_running(rt: Runtime) -> int:
+    """Unfinished calibration Jobs in the namespaces this operator serves (one list each, or
+    one for all; only when a Job is about to start)."""
+    served: list[str | None] = list(rt.settings.namespaces) or [None]
+    found = 0
+    for namespace in served:
+        listed = await rt.client.list(JOBS, namespace, label_selector=names.LABEL_POLICY)
+        found += sum(1 for job in listed if not _kubernetes_finished(job))
+    return found
+
+
+async def _create(
+    rt: Runtime,
+    policy: builders.PolicyRef,
+    *,
+    spec: AdmissionPolicySpec,
+    target: Target,
+    key: str,
+    record: dict[str, Any],
+    now: datetime,
+) -> Progress:
     calibration = spec.operator.calibration
     body = builders.calibration_job(
         builders.CalibrationRequest(

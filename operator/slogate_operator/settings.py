@@ -65,6 +65,10 @@ class OperatorSettings:
     timed out even if Kubernetes has not failed it (activeDeadlineSeconds does normally)."""
     job_ttl_seconds: int = 3600
     """ttlSecondsAfterFinished of calibration Jobs: long enough to read a failed Job's logs."""
+    max_calibrations: int = 2
+    """Calibration Jobs running at once, over every policy this operator serves; the others
+    wait their turn (Calibrated False, ``Queued``), so an upgrade that changes every
+    fingerprint, or many policies applied together, do not load every node at once."""
     push_attempts: int = 3
     """Attempts per sidecar in one push round; later rounds retry the ones still behind."""
     push_backoff_seconds: float = 0.5
@@ -101,7 +105,7 @@ class OperatorSettings:
             value = getattr(self, name)
             if not (math.isfinite(value) and value > 0):
                 raise SettingsError(f"{name} must be a finite number > 0, got {value!r}")
-        for name in ("push_attempts", "api_retries", "job_ttl_seconds", "peering_lifetime_seconds"):
+        for name in ("push_attempts", "api_retries", "job_ttl_seconds", "peering_lifetime_seconds", "max_calibrations"):
             if getattr(self, name) < 1:
                 raise SettingsError(f"{name} must be >= 1, got {getattr(self, name)!r}")
         for name in ("metrics_port", "liveness_port"):

@@ -267,3 +267,25 @@ def test_pods_that_serve_without_the_gate_keep_the_policy_not_ready(cluster: Clu
         assert status_of(cluster, "Ready") == "False"
     finally:
         fleet.close()
+
+
+def test_calibrations_run_at_most_max_calibrations_at_once(cluster: Cluster) -> None:
+    """The second review's case: an upgrade that changed every fingerprint started every
+    policy's Job within seconds. Three policies at once, at most two Jobs: the third waits,
+    says so, and starts when one ends."""
+    for name in ("one", "two", "three"):
+        cluster.create(DEPLOYMENTS, llama_deployment(name))
+    with running_operator(cluster, MAX_CALIBRATIONS="2", RESYNC_SECONDS="0.5"):
+        for name in ("one", "two", "three"):
+            cluster.create(POLICIES, admission_policy(name))
+        started = eventually(lambda: found if len(found := job_names(cluster)) == 2 else None, what="two Jobs")
+        (queued,) = {"one", "two", "three"} - {j.split("-cal-")[0] for j in started}
+        waits = eventually(
+            lambda: (c := condition(policy(cluster, queued), "Calibrated")).get("reason") == "Queued" and c
+        )
+        assert "2 calibrations run already, at most 2 at once" in waits["message"]
+        settle(queued, more=3)
+        assert len(job_names(cluster)) == 2  # still two: it waited
+        complete_job(cluster, started[0], compact_json(smollm2_profile()))
+        eventually(lambda: any(j.startswith(f"{queued}-cal-") for j in job_names(cluster)), what="the third Job")
+        assert len([c for c in cluster.calls("POST", "jobs") if c.status == 201]) == 3
