@@ -348,6 +348,31 @@ def fingerprint_inputs(llama: LlamaContainer, recalibrate: str | None = None) ->
     return inputs
 
 
+FINGERPRINT_VERSION = "2"
+"""The algorithm of ``container_fingerprint``: bump it with any change to ``fingerprint_inputs``.
+A calibration made under another version is kept if its ``container_digest`` still matches
+(the container is as it was; only the way of hashing it changed), so an operator upgrade
+recalibrates nothing unless a measured setting changed."""
+
+
+DIGEST_LEAVES_OUT = ("ports", "lifecycle", "livenessProbe", "readinessProbe", "startupProbe")
+"""What the sidecar's injection rewrites in the llama.cpp container (its port's name, the drain
+hook, probes on that port), none of which changes the speed: the digest of a container is the
+same injected or not, as its fingerprint is."""
+
+
+def container_digest(llama: LlamaContainer) -> str:
+    """16 hex digits of the sha256 of the container (but DIGEST_LEAVES_OUT), the volumes it
+    mounts and the init containers that fill them, as the API server stores them: no other
+    normalising, so it stays the same across versions of the fingerprint algorithm (and changes
+    with any other edit of them, measured or not)."""
+    container = {k: v for k, v in llama.container.items() if k not in DIGEST_LEAVES_OUT}
+    raw = {"container": container, "volumes": list(llama.mounted_volumes()),
+           "feeders": list(llama.feeding_init_containers())}  # fmt: skip
+    canonical = json.dumps(raw, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(canonical.encode()).hexdigest()[:16]
+
+
 def container_fingerprint(llama: LlamaContainer, recalibrate: str | None = None) -> str:
     """16 hex digits of the sha256 of the canonical JSON of ``fingerprint_inputs``."""
     canonical = json.dumps(fingerprint_inputs(llama, recalibrate), sort_keys=True, separators=(",", ":"))

@@ -24,6 +24,7 @@ from slogate_operator import autoscalers, builders, jobs, names, outcome, stores
 from slogate_operator.calibration import JobState
 from slogate_operator.client import DEPLOYMENTS, PODS, POLICIES, ApiError
 from slogate_operator.context import Runtime
+from slogate_operator.fingerprint import FINGERPRINT_VERSION, container_digest
 from slogate_operator.injection import (
     InjectionRecord,
     SidecarConfig,
@@ -256,6 +257,15 @@ class Pass:
     ) -> tuple[stores.StoredCalibration, bool]:
         """Advance the calibration of ``key`` if it has no profile; True when one just arrived."""
         profile = stored.profile
+        if key is not None and profile is not None and stored.container_fingerprint != key and scan.targets:
+            adopted = stores.adopt_across_versions(stored, key, scan.targets[0].llama)
+            if adopted is not None:
+                old = stored.fingerprint_version or "1"
+                self.notes.append(
+                    f"fingerprint v{old} -> v{FINGERPRINT_VERSION}: container as measured, {profile.id} kept"
+                )
+                self.calibrated = Condition(C.CALIBRATED, True, "Current", f"calibration {profile.id} of {key}")
+                return adopted, True
         if key is None or (profile is not None and stored.container_fingerprint == key):
             if key is not None and profile is not None:
                 self.calibrated = Condition(C.CALIBRATED, True, "Current", f"calibration {profile.id} of {key}")
@@ -282,7 +292,7 @@ class Pass:
         if progress.started:
             self.events.append(("Normal", "CalibrationStarted", f"Job {job} calibrates Deployment {target.name}"))
         if progress.state is JobState.SUCCEEDED and progress.profile is not None:
-            return self.calibrated_now(progress.profile, key, job, stored), True
+            return self.calibrated_now(progress.profile, key, job, stored, container_digest(target.llama)), True
         self.status["calibrating"] = progress.record
         failure = progress.failure
         if failure:
@@ -297,13 +307,14 @@ class Pass:
         return stored, False
 
     def calibrated_now(
-        self, profile: CalibrationProfile, key: str, job: str, stored: stores.StoredCalibration
+        self, profile: CalibrationProfile, key: str, job: str, stored: stores.StoredCalibration, digest: str
     ) -> stores.StoredCalibration:
         self.events.append(("Normal", "CalibrationSucceeded", f"calibration {profile.id} from Job {job}"))
         self.calibrated = Condition(C.CALIBRATED, True, "Current", f"calibration {profile.id} of {key}")
         return dataclasses.replace(
-            stored, profile=profile, container_fingerprint=key, job=job, recalibrate=self.recalibrate
-        )
+            stored, profile=profile, container_fingerprint=key, job=job, recalibrate=self.recalibrate,
+            fingerprint_version=FINGERPRINT_VERSION, container_digest=digest,
+        )  # fmt: skip
 
     def derive(self, stored: stores.StoredCalibration, fresh: bool) -> tuple[stores.StoredCalibration, bool]:
         """New thresholds when the profile or the policy changed; the old stay on failure."""

@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import secrets
 from dataclasses import dataclass
@@ -20,6 +21,7 @@ from pydantic import ValidationError
 from slogate_admission.schema import CalibrationProfile, Policy, Thresholds
 from slogate_operator import builders, names
 from slogate_operator.client import CONFIGMAPS, SECRETS, AlreadyExistsError, ConflictError, KubeClient
+from slogate_operator.fingerprint import FINGERPRINT_VERSION, LlamaContainer, container_digest
 from slogate_operator.status import DegradedError
 
 log = logging.getLogger("slogate.operator")
@@ -72,6 +74,10 @@ class StoredCalibration:
 
     profile: CalibrationProfile | None = None
     container_fingerprint: str | None = None
+    fingerprint_version: str | None = None
+    """The algorithm that made ``container_fingerprint`` (None: before versions were kept, "1")."""
+    container_digest: str | None = None
+    """fingerprint.container_digest of the container measured (None before it was kept)."""
     job: str = ""
     recalibrate: str = ""
     thresholds: Thresholds | None = None
@@ -95,6 +101,8 @@ def read_stored(configmap: dict[str, Any] | None) -> StoredCalibration:
     return StoredCalibration(
         profile=profile,
         container_fingerprint=notes.get(names.ANNOTATION_CONTAINER_FINGERPRINT) if profile else None,
+        fingerprint_version=notes.get(names.ANNOTATION_FINGERPRINT_VERSION) if profile else None,
+        container_digest=notes.get(names.ANNOTATION_CONTAINER_DIGEST) if profile else None,
         job=notes.get(names.ANNOTATION_CALIBRATION_JOB, ""),
         recalibrate=notes.get(names.ANNOTATION_RECALIBRATE, ""),
         thresholds=thresholds,
@@ -151,6 +159,8 @@ async def save_stored(client: KubeClient, policy: builders.PolicyRef, stored: St
     data: dict[str, Any] = {}
     notes: dict[str, Any] = {
         names.ANNOTATION_CONTAINER_FINGERPRINT: stored.container_fingerprint,
+        names.ANNOTATION_FINGERPRINT_VERSION: stored.fingerprint_version,
+        names.ANNOTATION_CONTAINER_DIGEST: stored.container_digest,
         names.ANNOTATION_CALIBRATION_JOB: stored.job or None,
         names.ANNOTATION_RECALIBRATE: stored.recalibrate or None,
         names.ANNOTATION_POLICY_DIGEST: stored.policy_digest,
@@ -165,3 +175,11 @@ async def save_stored(client: KubeClient, policy: builders.PolicyRef, stored: St
         names.thresholds_configmap_name(policy.name),
         {"metadata": {"annotations": notes}, "data": data},
     )
+
+
+def adopt_across_versions(stored: StoredCalibration, key: str, llama: LlamaContainer) -> StoredCalibration | None:
+    """The stored calibration under today's fingerprint, if only the algorithm changed: it was
+    made by another FINGERPRINT_VERSION and the container digest (algorithm-free) still matches."""
+    if stored.fingerprint_version == FINGERPRINT_VERSION or stored.container_digest != container_digest(llama):
+        return None
+    return dataclasses.replace(stored, container_fingerprint=key, fingerprint_version=FINGERPRINT_VERSION)
