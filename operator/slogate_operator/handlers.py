@@ -186,9 +186,8 @@ def job_event(namespace: str | None, labels: kopf.Labels, memo: Any, **_: Any) -
 
 
 @kopf.on.event("", "v1", "pods", labels={names.LABEL_POLICY: kopf.PRESENT})
-def pod_event(namespace: str | None, labels: kopf.Labels, memo: Any, **_: Any) -> None:
-    if namespace is not None:
-        _runtime(memo).poke_label(namespace, labels[names.LABEL_POLICY])
+def pod_event(type: str | None, body: kopf.Body, memo: Any, **_: Any) -> None:
+    _runtime(memo).pod_changed(type, body)
 
 
 class _NoRuntime:
@@ -199,6 +198,9 @@ class _NoRuntime:
         """As poke."""
 
     def deployment_changed(self, kind: str | None, deployment: Any) -> None:
+        """As poke."""
+
+    def pod_changed(self, kind: str | None, pod: Any) -> None:
         """As poke."""
 
 

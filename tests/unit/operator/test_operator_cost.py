@@ -18,7 +18,7 @@ import pytest
 from counting_sidecars import CountingSidecars
 from operator_flows import apply_and_calibrate, status_of
 
-from api_cluster import DEPLOYMENTS, POLICIES, Cluster
+from api_cluster import DEPLOYMENTS, PODS, POLICIES, Cluster
 from canned_profiles import smollm2_profile
 from kopf_thread import passes, running_operator
 from manifests import admission_policy, llama_deployment
@@ -149,3 +149,36 @@ def test_a_restarted_operator_spreads_its_first_passes(cluster: Cluster) -> None
         quiet(cluster)
         assert passes("smollm2") == before
         assert job_names(cluster) == []
+
+
+def test_pod_status_writes_that_change_nothing_a_pass_reads_cost_no_pass(
+    cluster: Cluster, quiet_operator: None
+) -> None:
+    """The second review's count: 200 kubelet status writes during a rollout were 124 passes, each
+    listing every pod. Writes of what a pass does not read (probe times, Ready flipping) wake
+    nothing; a sidecar's restart does."""
+    fleet = CountingSidecars(cluster, 20)
+    try:
+        apply_and_calibrate(cluster, sidecar={"adminPort": fleet.port})
+        pods = run_pods(cluster, "smollm2", fleet.ips)
+        write_deployment_status(cluster, "smollm2", replicas=len(pods))
+        eventually(lambda: status_of(cluster, "Ready") == "True", what="Ready with 20 gated pods")
+        quiet(cluster)
+        before, mark = passes("smollm2"), cluster.call_mark()
+        for round_ in range(10):  # 200 writes: each pod's Ready condition flips, its probe time moves
+            for pod in pods:
+                ready = {"type": "Ready", "status": "True" if round_ % 2 else "False", "lastProbeTime": None,
+                         "lastTransitionTime": f"2026-12-05T00:00:{round_:02d}Z"}  # fmt: skip
+                cluster.patch(PODS, pod, {"status": {"conditions": [ready]}}, sub="status")
+        quiet(cluster)
+        assert passes("smollm2") == before
+        assert cluster.api_calls(mark) == Counter()
+        # A sidecar restarted: that is a pass (its thresholds are pushed again).
+        pod = cluster.get(PODS, pods[0])
+        statuses = pod["status"]["containerStatuses"]
+        for status in statuses:
+            status["restartCount"] = 1
+        cluster.patch(PODS, pods[0], {"status": {"containerStatuses": statuses}}, sub="status")
+        eventually(lambda: passes("smollm2") > before, what="the pass the restart woke")
+    finally:
+        fleet.close()
