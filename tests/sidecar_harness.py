@@ -13,6 +13,7 @@ from typing import Any
 
 import aiohttp
 
+from slogate_admission import drain_token
 from slogate_admission.derivation import derive_thresholds
 from slogate_admission.schema import CalibrationProfile, Policy, Thresholds
 from slogate_sidecar.app import build_sidecar, running
@@ -20,6 +21,8 @@ from slogate_sidecar.settings import SidecarSettings
 from slogate_sidecar.state import Sidecar
 
 TOKEN = "s3cret-admin-token"
+DRAIN_HEADERS = {drain_token.HEADER: drain_token.drain_token(TOKEN.encode())}
+"""What the drain hook the operator writes sends, for this TOKEN."""
 
 
 def thresholds_for(profile: CalibrationProfile, **policy: Any) -> Thresholds:

@@ -76,6 +76,9 @@ class SidecarConfig:
     settings_flags: tuple[str, ...] = ()
     """`slogate sidecar` flags of the settings the policy tunes (SidecarSpec.settings_flags);
     the sidecar's own defaults for the rest."""
+    drain_token: str | None = None
+    """The drain hook's token (slogate_admission.drain_token of the admin token the sidecar
+    mounts); None: a hook without it, which a sidecar with an admin token refuses."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -246,7 +249,7 @@ def injected_template(template: Mapping[str, Any], config: SidecarConfig) -> dic
     if clash:
         raise TargetClaimedError(f"its pod template has volumes of its own named {clash}: rename them")
     llama, port_name, probes = _hand_over_port(containers, config)
-    prestop = stopping.hook_the_drain(containers, llama, config.admin_port)
+    prestop = stopping.hook_the_drain(containers, llama, config.admin_port, config.drain_token)
     own_grace = stopping.seconds(spec.get("terminationGracePeriodSeconds"))
     grace = stopping.grace_period(own_grace)
     raised = grace != own_grace

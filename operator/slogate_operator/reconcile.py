@@ -19,6 +19,7 @@ from datetime import datetime
 from typing import Any
 
 from slogate_admission.derivation import DerivationError, derive_thresholds
+from slogate_admission.drain_token import drain_token
 from slogate_admission.schema import CalibrationProfile
 from slogate_operator import autoscalers, builders, jobs, names, outcome, stores, targets
 from slogate_operator.calibration import JobState
@@ -137,7 +138,8 @@ class Pass:
         stored = await stores.load_stored(rt.client, policy)
         # Claimed first, so no other policy calibrates or pushes to them; gated only once
         # thresholds exist (a sidecar without them could never become ready).
-        await self.manage_targets(scan, gate=stored.thresholds is not None)
+        drain = drain_token(token.encode())
+        await self.manage_targets(scan, gate=stored.thresholds is not None, drain=drain)
         key = self.calibration_key(scan)
         self.status["containerFingerprint"] = key
         await jobs.stop_obsolete(rt, policy, keep=key)
@@ -145,7 +147,7 @@ class Pass:
         stored, fresh = self.derive(stored, fresh)
         if fresh:
             await stores.save_stored(rt.client, policy, stored)
-            await self.manage_targets(scan, gate=stored.thresholds is not None)
+            await self.manage_targets(scan, gate=stored.thresholds is not None, drain=drain)
         self.note_targets(scan, gated=stored.thresholds is not None)
         self.autoscaling = await autoscalers.step(rt, policy, spec, scan, self.previous, gated=bool(stored.thresholds))
         self.status["autoscaling"] = self.autoscaling.status
@@ -182,7 +184,7 @@ class Pass:
             return None
         return scan.targets[0].fingerprint
 
-    async def manage_targets(self, scan: targets.TargetScan, *, gate: bool) -> None:
+    async def manage_targets(self, scan: targets.TargetScan, *, gate: bool, drain: str) -> None:
         """Claim every target; the sidecar in (``gate`` and inject) or out; strays released."""
         sidecar, client, namespace = self.spec.operator.sidecar, self.rt.client, self.policy.namespace
         mine = builders.policy_label_value(self.policy.name)
@@ -198,6 +200,7 @@ class Pass:
                 resources=sidecar.resources.model_dump(exclude_defaults=True) if sidecar.resources else None,
                 llama_container=target.llama.name,
                 settings_flags=sidecar.settings_flags(),
+                drain_token=drain,
             )
 
             def desired(template: Mapping[str, Any], config: SidecarConfig = config) -> dict[str, Any]:

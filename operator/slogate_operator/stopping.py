@@ -20,6 +20,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from slogate_admission import drain_token
+
 DRAIN_PATH = "/slogate/v1/drain"
 """The sidecar's drain endpoint: the llama.cpp container's preStop hook (docs/sidecar.md, "Draining")."""
 GRACE_SECONDS = 30
@@ -51,10 +53,14 @@ def drain_deadline(grace: int) -> int:
     return grace - DRAIN_MARGIN_SECONDS
 
 
-def drain_hook(admin_port: int) -> dict[str, Any]:
+def drain_hook(admin_port: int, token: str | None = None) -> dict[str, Any]:
     """The llama.cpp container's preStop. The admin port by number: the kubelet resolves a
-    hook's port name among the hooked container's own ports, and this one is the sidecar's."""
-    return {"httpGet": {"path": DRAIN_PATH, "port": admin_port}}
+    hook's port name among the hooked container's own ports, and this one is the sidecar's.
+    ``token``: the drain token of the pod's admin token, in the header the sidecar checks."""
+    action: dict[str, Any] = {"path": DRAIN_PATH, "port": admin_port}
+    if token:
+        action["httpHeaders"] = [{"name": drain_token.HEADER, "value": token}]
+    return {"httpGet": action}
 
 
 def sidecar_lifecycle() -> dict[str, Any]:
@@ -64,13 +70,18 @@ def sidecar_lifecycle() -> dict[str, Any]:
     return {"preStop": {"exec": {"command": ["sleep", str(SIDECAR_STOP_DELAY_SECONDS)]}}}
 
 
-def hook_the_drain(containers: Sequence[dict[str, Any]], llama: str | None, admin_port: int) -> bool:
-    """Give the llama.cpp container the drain hook, unless it has a preStop of its own (kept
-    as it is: a pod cannot have two). True if it was given."""
+def hook_the_drain(
+    containers: Sequence[dict[str, Any]], llama: str | None, admin_port: int, token: str | None = None
+) -> bool:
+    """Give the llama.cpp container the drain hook (ours again, if an older one of ours is there),
+    unless it has a preStop of its own (kept as it is: a pod cannot have two). True if given."""
     target = next((c for c in containers if llama is not None and c.get("name") == llama), None)
-    if target is None or (target.get("lifecycle") or {}).get("preStop") is not None:
+    if target is None:
         return False
-    target["lifecycle"] = {**(target.get("lifecycle") or {}), "preStop": drain_hook(admin_port)}
+    existing = (target.get("lifecycle") or {}).get("preStop")
+    if existing is not None and (existing.get("httpGet") or {}).get("path") != DRAIN_PATH:
+        return False
+    target["lifecycle"] = {**(target.get("lifecycle") or {}), "preStop": drain_hook(admin_port, token)}
     return True
 
 

@@ -6,9 +6,11 @@ sides are hashed to 32 bytes first, so neither where they differ nor their lengt
 show in the time taken. A push is validated whole and swapped in one assignment, or
 refused with the last good thresholds kept.
 
-GET /slogate/v1/drain needs no token: it is the preStop hook of the llama.cpp container,
-and the kubelet's hook sends no credentials (a token in the pod template would be readable
-by anyone who can read the Deployment). It can do one thing only: stop admitting until
+GET /slogate/v1/drain is the preStop hook of the llama.cpp container. The kubelet's hook
+sends only the headers written in the pod spec, so it carries a token derived from the admin
+token (slogate_admission.drain_token: a pod-spec reader learns it, never the admin token);
+with an admin token file the drain needs it (403 otherwise), without one it needs nothing (a
+sidecar run by hand). It can do one thing only: stop admitting until
 llama-server has restarted (or twice the drain deadline has passed without it stopping:
 ``drain.STRAY_HOOK_DEADLINES``), while every admitted stream runs to its end; it reads no
 body and changes nothing else. The admin port is reachable by the operator and Prometheus
@@ -28,6 +30,7 @@ from typing import Any
 from aiohttp import web
 from pydantic import ValidationError
 
+from slogate_admission import drain_token
 from slogate_admission.schema import Thresholds
 from slogate_admission.ttft_error import TtftErrorModel
 from slogate_admission.validation import validation_problems
@@ -170,10 +173,29 @@ async def get_state(sidecar: Sidecar, _request: web.Request) -> web.Response:
     return web.json_response(state(sidecar))
 
 
-async def get_drain(sidecar: Sidecar, _request: web.Request) -> web.Response:
+def drain_authorized(sidecar: Sidecar, request: web.Request) -> bool:
+    """The drain hook's token is offered, or no admin token file is configured."""
+    path = sidecar.settings.admin_token_file
+    if path is None:
+        return True
+    try:
+        admin_token = path.read_bytes()
+    except OSError:
+        log.error("admin token file %s unreadable: refusing the drain", path)
+        return False
+    offered = request.headers.get(drain_token.HEADER, "").strip().encode("utf-8", "surrogateescape")
+    return bool(admin_token.strip()) and drain_token.drain_allowed(admin_token, offered)
+
+
+async def get_drain(sidecar: Sidecar, request: web.Request) -> web.Response:
     """GET /slogate/v1/drain: drain, and answer once no admitted stream remains or at the deadline.
 
-    Always 200 (the kubelet only waits for it); ``drained`` says which of the two it was."""
+    200 once done (the kubelet only waits for it); ``drained`` says which of the two it was.
+    403, and nothing drained, without the hook's token (when the sidecar has an admin token)."""
+    if not drain_authorized(sidecar, request):
+        return responses.error(
+            403, f"the drain needs the {drain_token.HEADER} header of the pod's hook", kind="permission_error"
+        )
     drain = sidecar.gate.drain
     sidecar.gate.begin_drain(DrainCause.HOOK)
     drained = await drain.drained()

@@ -7,6 +7,7 @@ what the real API server refuses of lifecycle hooks and grace periods."""
 
 from __future__ import annotations
 
+import base64
 import copy
 import dataclasses
 from pathlib import Path
@@ -16,14 +17,15 @@ import kubernetes_validate
 import pytest
 from kopf.testing import KopfRunner
 
-from api_cluster import DEPLOYMENTS, NS, POLICIES, ApiError, Cluster
+from api_cluster import DEPLOYMENTS, NS, POLICIES, SECRETS, ApiError, Cluster
 from canned_profiles import smollm2_profile
 from injected_sidecar import sidecar_settings
 from kubelet_lint import kubelet_problems
 from manifests import admission_policy, llama_deployment
 from polling import eventually
+from slogate_admission import drain_token
 from slogate_calibration.output import compact_json
-from slogate_operator import builders, stopping
+from slogate_operator import builders, names, stopping
 from slogate_operator.fingerprint import container_fingerprint, llama_container
 from slogate_operator.injection import SidecarConfig, injected_template, removed_template, template_patch
 from slogate_sidecar.settings import SidecarSettings
@@ -243,8 +245,12 @@ def test_the_operator_injects_the_hooks_keeps_a_longer_grace_and_gives_it_back(
     spec = pod_of(cluster.get(DEPLOYMENTS, "smollm2"))
     assert spec["terminationGracePeriodSeconds"] == 45
     assert spec["containers"][0]["lifecycle"]["postStart"] == USERS_HOOK
+    # The hook carries the drain token of the admin token the sidecar mounts (it checks it).
+    secret = cluster.get(SECRETS, "slogate-admin-token")["data"][names.TOKEN_KEY]
+    token = drain_token.drain_token(base64.b64decode(secret))
     assert spec["containers"][0]["lifecycle"]["preStop"]["httpGet"] | {"scheme": "HTTP"} == {
         "path": "/slogate/v1/drain", "port": 8082, "scheme": "HTTP",
+        "httpHeaders": [{"name": drain_token.HEADER, "value": token}],
     }  # fmt: skip
     assert drain_deadline(spec["containers"][1]) == "40"
     cluster.delete(POLICIES, "smollm2")

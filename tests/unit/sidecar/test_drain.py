@@ -26,8 +26,9 @@ from aiohttp import web
 
 from canned_profiles import smollm2_profile
 from fake_upstream import FakeUpstream, llama_app, serve
-from sidecar_harness import RunningSidecar, sidecar_in_front_of, thresholds_for
+from sidecar_harness import DRAIN_HEADERS, RunningSidecar, sidecar_in_front_of, thresholds_for
 from sidecar_process import SidecarProcess
+from slogate_admission import drain_token
 from slogate_admission.schema import Thresholds
 from slogate_sidecar.drain import DrainCause
 
@@ -129,7 +130,9 @@ def draining_refusal(response: aiohttp.ClientResponse, body: dict[str, Any]) -> 
 
 async def test_a_drain_turns_readyz_503_and_refuses_new_requests_before_the_upstream(tmp_path: Path) -> None:
     async with gated(tmp_path) as (fake, gate):
-        async with gate.session.get(gate.admin_url + "/slogate/v1/drain") as r:  # nothing runs: answered at once
+        async with gate.session.get(
+            gate.admin_url + "/slogate/v1/drain", headers=DRAIN_HEADERS
+        ) as r:  # nothing runs: answered at once
             assert r.status == 200
             assert (await r.json())["drained"] is True
         async with gate.session.get(gate.url + "/readyz") as r:
@@ -177,7 +180,7 @@ async def test_the_hook_answers_once_the_last_admitted_stream_has_ended(tmp_path
         held = [await held_stream(gate, fake) for _ in range(2)]
 
         async def hook() -> dict[str, Any]:
-            async with gate.session.get(gate.admin_url + "/slogate/v1/drain") as r:
+            async with gate.session.get(gate.admin_url + "/slogate/v1/drain", headers=DRAIN_HEADERS) as r:
                 assert r.status == 200
                 answer: dict[str, Any] = await r.json()
                 return answer
@@ -213,7 +216,7 @@ async def test_a_final_drain_ends_when_its_last_stream_does(tmp_path: Path) -> N
 async def test_the_deadline_answers_the_hook_with_the_streams_still_running(tmp_path: Path) -> None:
     async with gated(tmp_path, drain_deadline_s=0.3) as (fake, gate):
         held = await held_stream(gate, fake)
-        async with gate.session.get(gate.admin_url + "/slogate/v1/drain") as r:
+        async with gate.session.get(gate.admin_url + "/slogate/v1/drain", headers=DRAIN_HEADERS) as r:
             answer = await r.json()
         assert (r.status, answer["drained"], answer["streams"]) == (200, False, 1)
         assert not held.done()  # llama-server's stop, which follows the hook, ends it; not the sidecar
@@ -224,7 +227,7 @@ async def test_the_deadline_answers_the_hook_with_the_streams_still_running(tmp_
 async def test_a_hook_drain_ends_once_the_upstream_was_down_and_is_healthy_again(tmp_path: Path) -> None:
     async with gated(tmp_path) as (fake, gate):
         drain = gate.sidecar.gate.drain
-        async with gate.session.get(gate.admin_url + "/slogate/v1/drain") as r:
+        async with gate.session.get(gate.admin_url + "/slogate/v1/drain", headers=DRAIN_HEADERS) as r:
             assert r.status == 200
         fake.healthy = False  # llama-server stopped after the hook (a container restart)
         assert await until(lambda: drain.upstream_went_down)
@@ -243,7 +246,7 @@ async def test_a_hook_drain_ends_once_the_upstream_was_down_and_is_healthy_again
 async def test_a_sigterm_drain_never_resumes(tmp_path: Path) -> None:
     async with gated(tmp_path) as (fake, gate):
         drain = gate.sidecar.gate.drain
-        async with gate.session.get(gate.admin_url + "/slogate/v1/drain") as r:
+        async with gate.session.get(gate.admin_url + "/slogate/v1/drain", headers=DRAIN_HEADERS) as r:
             assert r.status == 200
         gate.sidecar.gate.begin_drain(DrainCause.SIGNAL)  # the pod is being deleted: final
         fake.healthy = False
@@ -258,7 +261,7 @@ async def test_a_sigterm_drain_never_resumes(tmp_path: Path) -> None:
 async def test_a_stray_hook_drain_ends_after_twice_the_deadline(tmp_path: Path) -> None:
     async with gated(tmp_path, drain_deadline_s=0.2) as (fake, gate):
         drain = gate.sidecar.gate.drain
-        async with gate.session.get(gate.admin_url + "/slogate/v1/drain") as r:
+        async with gate.session.get(gate.admin_url + "/slogate/v1/drain", headers=DRAIN_HEADERS) as r:
             assert r.status == 200
         assert drain.active  # answered, but nothing stopped the upstream ...
         assert await until(lambda: not drain.active)  # ... so the drain ends by itself
@@ -321,3 +324,20 @@ async def test_at_the_deadline_the_process_cuts_what_still_runs_and_exits(tmp_pa
         assert await until(lambda: fake.aborted == 1)  # the upstream saw its connection closed
     assert "drain deadline (0.5 s) passed: cutting 1 admitted streams" in process.log_text()
     assert "0 requests refused while draining, 1 streams cut; stopping" in process.log_text()
+
+
+async def test_the_hook_drains_only_with_the_pods_drain_token(tmp_path: Path) -> None:
+    """The second review: any pod that reached the admin port could drain any gated pod, again
+    and again. With an admin token the drain needs the token derived from it (the hook's)."""
+    async with gated(tmp_path) as (_fake, gate):
+        drain = gate.sidecar.gate.drain
+        for headers in ({}, {drain_token.HEADER: "guess"}, {drain_token.HEADER: drain_token.drain_token(b"other")}):
+            async with gate.session.get(gate.admin_url + "/slogate/v1/drain", headers=headers) as r:
+                assert r.status == 403
+                assert (await r.json())["error"]["type"] == "permission_error"
+        assert not drain.active
+        async with gate.session.get(gate.url + "/readyz") as r:
+            assert r.status == 200
+        async with gate.session.get(gate.admin_url + "/slogate/v1/drain", headers=DRAIN_HEADERS) as r:
+            assert r.status == 200
+        assert drain.active

@@ -19,7 +19,7 @@ from pathlib import Path
 from canned_profiles import smollm2_profile
 from held_upstream import HeldUpstream, held_upstream, hold, until
 from ports import free_ports
-from sidecar_harness import Answer, ask, sidecar_in_front_of, thresholds_for
+from sidecar_harness import DRAIN_HEADERS, Answer, ask, sidecar_in_front_of, thresholds_for
 from slogate_admission.decision import Outcome, Request
 from slogate_admission.schema import Thresholds
 
@@ -134,7 +134,7 @@ async def test_a_deferral_that_runs_out_is_refused(tmp_path: Path) -> None:
 async def test_a_draining_sidecar_refuses_with_429(tmp_path: Path) -> None:
     async with held_upstream() as fake, sidecar_in_front_of(fake.url, tmp_path, policy(), **QUIET) as gate:
         # The llama.cpp container's preStop hook; with nothing admitted it answers at once.
-        async with gate.session.get(gate.admin_url + "/slogate/v1/drain") as response:
+        async with gate.session.get(gate.admin_url + "/slogate/v1/drain", headers=DRAIN_HEADERS) as response:
             assert response.status == 200
         for body in (TOKENS, {"prompt": "some text", "n_predict": 4}):
             answer = await ask(gate, body)

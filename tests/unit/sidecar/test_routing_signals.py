@@ -14,7 +14,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from canned_profiles import smollm2_profile
 from held_upstream import held_upstream
-from sidecar_harness import RunningSidecar, sidecar_in_front_of, thresholds_for
+from sidecar_harness import DRAIN_HEADERS, RunningSidecar, sidecar_in_front_of, thresholds_for
 from slogate_admission.schema import Thresholds
 from slogate_sidecar.routing_signals import ADMIT_HEADROOM, KV_USAGE, QUEUE_WAIT, ROUTING_SIGNALS, RUNNING, WAITING
 from slogate_sidecar.state import Sidecar
@@ -140,7 +140,7 @@ async def test_the_signals_are_the_gates_state_in_every_state(tmp_path: Path) ->
         assert await scrape(gate) == idle
 
         # Draining (the llama.cpp container's preStop hook): it admits nothing, and says so.
-        async with gate.session.get(gate.admin_url + "/slogate/v1/drain") as response:
+        async with gate.session.get(gate.admin_url + "/slogate/v1/drain", headers=DRAIN_HEADERS) as response:
             assert response.status == 200
         draining = await scrape(gate)
         agree(draining, sidecar)

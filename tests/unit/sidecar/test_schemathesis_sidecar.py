@@ -32,7 +32,7 @@ from schemathesis.core.failures import FailureGroup
 
 from canned_profiles import smollm2_profile
 from fake_upstream import FakeUpstream, llama_app, serve
-from sidecar_harness import TOKEN, sidecar_in_front_of, thresholds_for
+from sidecar_harness import DRAIN_HEADERS, TOKEN, sidecar_in_front_of, thresholds_for
 from slogate_admission.schema import Thresholds
 from slogate_sidecar.app import admin_app, build_sidecar, proxy_app
 from slogate_sidecar.openapi import document_text
@@ -160,7 +160,9 @@ max_tokens must fit one slot's context, the gate can (and must refuse at once, n
 @schema.parametrize()
 @settings(deadline=None, suppress_health_check=list(HealthCheck))
 def test_every_operation_conforms(case: schemathesis.Case, live: LiveSidecar) -> None:
+    # Credentials the schema cannot derive: the admin token, and the drain token made from it.
     headers = {"Authorization": f"Bearer {TOKEN}"} if case.path == "/slogate/v1/thresholds" else None
+    headers = DRAIN_HEADERS if case.path == "/slogate/v1/drain" else headers
     # The timeout is a hang guard, not a performance bound.
     response = case.call(base_url=live.base_url(case.path), headers=headers, timeout=30)
     try:
