@@ -15,17 +15,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import copy
-import json
 import threading
-import urllib.error
 import urllib.parse
-import urllib.request
 from collections import Counter
 from collections.abc import Callable, Coroutine, Iterator
 from typing import Any, TypeVar
 
 from api_proxy import ApiProxy, Call, Refused, Resource
-from api_server import CRDS, NS, ApiError, ControlPlaneProcess, operator_cluster_role, wait_for
+from api_server import CRDS, NS, ApiError, ControlPlaneProcess, call, operator_cluster_role, wait_for
 from kube_faults import Fault, RandomFaults
 from kubelet_lint import KubeletProblem
 from project_files import CRD
@@ -75,6 +72,7 @@ class Cluster:
         self.url = self.proxy.url
         self._kubelet_problems_allowed = False
         self._keda = False
+        self._narrowed = False
         self._closed = False
 
     # ------------------------------------------------------------------ faults, on cue
@@ -179,7 +177,7 @@ class Cluster:
             self._delete_all(resource)
         if self._keda:
             self.admin.remove_crd(KEDA_CRD)
-        if getattr(self, "_narrowed", False):
+        if self._narrowed:
             self.admin("PUT", CLUSTER_ROLE, operator_cluster_role())
 
     def _delete_all(self, resource: Resource) -> None:
@@ -238,14 +236,8 @@ class Cluster:
     ) -> Any:
         """One call through the proxy; ``agent`` sets the User-Agent (e.g. to call as the
         operator, under its RBAC)."""
-        data = json.dumps(body).encode() if body is not None else None
         headers = {"Content-Type": content_type} | ({"User-Agent": agent} if agent else {})
-        request = urllib.request.Request(self.url + path, method=method, data=data, headers=headers)
-        try:
-            with urllib.request.urlopen(request, timeout=30) as response:
-                return json.loads(response.read() or b"null")
-        except urllib.error.HTTPError as error:
-            raise ApiError(error.code, error.read().decode(errors="replace")) from None
+        return call(self.url + path, method, body, headers)
 
     def ensure_namespace(self, ns: str) -> None:
         if ns not in self.process.namespaces:

@@ -45,6 +45,17 @@ class ApiError(RuntimeError):
         self.body = body
 
 
+def call(url: str, method: str, body: object, headers: dict[str, str], tls: ssl.SSLContext | None = None) -> Any:
+    """One JSON call; an error status raises ApiError with the server's body."""
+    data = json.dumps(body).encode() if body is not None else None
+    request = urllib.request.Request(url, method=method, data=data, headers=headers)
+    try:
+        with urllib.request.urlopen(request, timeout=30, context=tls) as response:
+            return json.loads(response.read() or b"null")
+    except urllib.error.HTTPError as error:
+        raise ApiError(error.code, error.read().decode(errors="replace")) from None
+
+
 class Admin:
     """Synchronous calls to the API server itself, as its administrator (never through a proxy)."""
 
@@ -52,14 +63,7 @@ class Admin:
         self.server, self.tls = server, tls
 
     def __call__(self, method: str, path: str, body: object = None, content_type: str = "application/json") -> Any:
-        data = json.dumps(body).encode() if body is not None else None
-        request = urllib.request.Request(self.server + path, method=method, data=data,
-                                         headers={"Content-Type": content_type})  # fmt: skip
-        try:
-            with urllib.request.urlopen(request, timeout=30, context=self.tls) as response:
-                return json.loads(response.read() or b"null")
-        except urllib.error.HTTPError as error:
-            raise ApiError(error.code, error.read().decode(errors="replace")) from None
+        return call(self.server + path, method, body, {"Content-Type": content_type}, self.tls)
 
     def exists(self, path: str) -> bool:
         try:

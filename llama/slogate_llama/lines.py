@@ -30,11 +30,11 @@ class Lines:
 
     def feed(self, chunk: bytes) -> list[bytes]:
         self._buffer += chunk
-        found = []
-        while (end := self._buffer.find(b"\n", self._scanned)) >= 0:
-            found.append(bytes(self._buffer[: end + 1]))
-            del self._buffer[: end + 1]
-            self._scanned = 0
+        found, start, search = [], 0, self._scanned
+        while (end := self._buffer.find(b"\n", search)) >= 0:
+            found.append(bytes(self._buffer[start : end + 1]))
+            start = search = end + 1
+        del self._buffer[:start]  # once per chunk: linear in it, however many lines it holds
         self._scanned = len(self._buffer)
         if self._scanned > self.max_bytes:
             raise LineTooLongError(f"more than {self.max_bytes} bytes without a line break")

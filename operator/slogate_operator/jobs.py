@@ -116,40 +116,7 @@ async def _start(
     record: dict[str, Any],
     now: datetime,
 ) -> Progress:
-    """Start the Job, unless ``max_calibrations`` run already (then it waits, ``Queued``).
-    Counted and created under one lock, so the passes of this process never start more."""
-    async with rt.calibration_starts:
-        running = await calibrations_running(rt)
-        limit = rt.settings.max_calibrations
-        if running >= limit:
-            return Progress(JobState.RUNNING, record, waiting=("Queued", (
-                f"{running} calibrations run already, at most {limit} at once (the operator's "
-                "max_calibrations): this one starts when one of them ends"
-            )))  # fmt: skip
-        return await _create(rt, policy, spec=spec, target=target, key=key, record=record, now=now)
-
-
-async def calibrations_running(rt: Runtime) -> int:
-    """Unfinished calibration Jobs in the namespaces this operator serves (one list each, or
-    one for all; only when a Job is about to start)."""
-    served: list[str | None] = list(rt.settings.namespaces) or [None]
-    found = 0
-    for namespace in served:
-        listed = await rt.client.list(JOBS, namespace, label_selector=names.LABEL_POLICY)
-        found += sum(1 for job in listed if not _kubernetes_finished(job))
-    return found
-
-
-async def _create(
-    rt: Runtime,
-    policy: builders.PolicyRef,
-    *,
-    spec: AdmissionPolicySpec,
-    target: Target,
-    key: str,
-    record: dict[str, Any],
-    now: datetime,
-) -> Progress:
+    """Start the Job, unless ``max_calibrations`` run already (then it waits, ``Queued``)."""
     calibration = spec.operator.calibration
     body = builders.calibration_job(
         builders.CalibrationRequest(
@@ -163,16 +130,24 @@ async def _create(
             ttl_seconds=rt.settings.job_ttl_seconds,
         )
     )
-    try:
-        await rt.client.create(JOBS, policy.namespace, body)
-    except AlreadyExistsError:
-        # The previous one is still being deleted (or another writer created it): next pass.
-        return Progress(JobState.RUNNING, record)
-    except ApiError as refused:
-        if refused.status == 0 or refused.status >= 500:
-            raise  # the API server is unwell, not the Job: the pass fails and backs off
-        why = f"the API server refused the Job: {refused}"
-        return _failed(rt, policy, record, FailureReason.REJECTED, why, now=now)
+    # Counted and created under one lock, so the passes of this process never start more.
+    async with rt.calibration_starts:
+        running, limit = await calibrations_running(rt), rt.settings.max_calibrations
+        if running >= limit:
+            return Progress(JobState.RUNNING, record, waiting=("Queued", (
+                f"{running} calibrations run already, at most {limit} at once (the operator's "
+                "max_calibrations): this one starts when one of them ends"
+            )))  # fmt: skip
+        try:
+            await rt.client.create(JOBS, policy.namespace, body)
+        except AlreadyExistsError:
+            # The previous one is still being deleted (or another writer created it): next pass.
+            return Progress(JobState.RUNNING, record)
+        except ApiError as refused:
+            if refused.status == 0 or refused.status >= 500:
+                raise  # the API server is unwell, not the Job: the pass fails and backs off
+            why = f"the API server refused the Job: {refused}"
+            return _failed(rt, policy, record, FailureReason.REJECTED, why, now=now)
     record = {k: v for k, v in record.items() if k != "nextAttemptAt"} | {"startedAt": format_time(now)}
     metrics.calibrations.labels(policy.namespace, policy.name, "started").inc()
     log.info(
@@ -184,6 +159,17 @@ async def _create(
         key,
     )
     return Progress(JobState.RUNNING, record, started=True)
+
+
+async def calibrations_running(rt: Runtime) -> int:
+    """Unfinished calibration Jobs in the namespaces this operator serves (one list each, or
+    one for all; only when a Job is about to start)."""
+    served: list[str | None] = list(rt.settings.namespaces) or [None]
+    found = 0
+    for namespace in served:
+        listed = await rt.client.list(JOBS, namespace, label_selector=names.LABEL_POLICY)
+        found += sum(1 for job in listed if not _kubernetes_finished(job))
+    return found
 
 
 def _failed(
