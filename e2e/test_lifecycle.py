@@ -38,6 +38,7 @@ from suite import APP_NAMESPACE, CLIENT_POD, Example, apply_policy, seconds
 from workload_state import (
     CLAIM,
     COMPLETION,
+    GATE,
     GATE_HEADER,
     INJECTION_RECORD,
     OPERATOR_LOGS,
@@ -60,6 +61,7 @@ from workload_state import (
     owned_by_the_policy,
     policy_of,
     ready_policy,
+    replica_sets,
     rolled_out,
     running_pods,
     served_by_llama_server,
@@ -150,6 +152,34 @@ class TestSlogateOnARealCluster:
         # The Service's named targetPort now resolves to the gate's port, on every pod.
         wait_for_endpoints(kube, example, example.sidecar_port("port"), pods, "the gate's client port")
         served_by_the_gate(kube, example, calibration["id"])
+
+    def test_reapplying_the_quick_start_rolls_nothing_and_leaves_no_pod_ungated(
+        self, kube: Kube, deployed: Example, capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        """A GitOps re-sync loop: the quick start's unchanged manifest applied again and again,
+        by kubectl's client-side apply and by a server-side apply as Argo CD or Flux do. The
+        gate is injected at pod admission, so the Deployment holds only the user's fields and
+        one annotation of ours: nothing to restore, nothing to fight over."""
+        example = deployed
+        before = deployment_of(kube, example)
+        sets = replica_sets(kube, example)
+        documents = example.documents
+        body = json.dumps({"apiVersion": "v1", "kind": "List", "items": documents})
+        for _ in range(5):
+            kube.apply(APP_NAMESPACE, documents, hint="kubectl apply of the quick start")
+            kube("-n", APP_NAMESPACE, "apply", "--server-side", "--force-conflicts", "--field-manager=argocd", "-f",
+                 "-", hint="kubectl apply --server-side of the quick start", input_text=body)  # fmt: skip
+        time.sleep(2 * RESYNC_SECONDS)  # the operator's passes see every change made
+        after = deployment_of(kube, example)
+        assert after["spec"]["template"] == before["spec"]["template"], "a re-apply changed the pod template"
+        assert replica_sets(kube, example) == sets, "a re-apply started a rollout"
+        pods = rolled_out(kube, example, with_sidecar=True)
+        assert pods, "a re-apply left a pod without the gate"
+        for pod in pods:
+            assert_handed_over(pod, example)
+        with capsys.disabled():  # the measurement, in the run's output
+            print(f"\n10 re-applies (5 client-side, 5 server-side): ReplicaSets {sorted(sets)}, unchanged; "
+                  f"{len(pods)} pods, all gated")  # fmt: skip
 
     def test_overload_through_the_service_is_shed_with_retry_after(self, kube: Kube, deployed: Example) -> None:
         example = deployed
@@ -343,6 +373,7 @@ class TestSlogateOnARealCluster:
         template = deployment["spec"]["template"]
         assert CLAIM not in (template["metadata"].get("labels") or {})
         assert INJECTION_RECORD not in (template["metadata"].get("annotations") or {})
+        assert GATE not in (template["metadata"].get("annotations") or {}), "the gate annotation outlived the policy"
         # The name went back to llama-server's port (and its probes).
         assert_llama_port_as_in_the_example(container(template, example.llama_container), example, "the template")
         for pod in pods:

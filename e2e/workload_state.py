@@ -32,6 +32,8 @@ SIDECAR = "slogate-sidecar"
 CLAIM = "slogate.dev/policy"
 """The annotation on a claimed Deployment's metadata; the label on an injected pod template."""
 INJECTION_RECORD = "slogate.dev/injection"
+GATE = "slogate.dev/gate"
+"""The pod template's annotation that rolls the pods onto the gate (slogate_operator.names.ANNOTATION_GATE)."""
 GATE_HEADER = "X-Slogate-Class"
 """On every answer the gate admitted; llama-server never sends it."""
 COMPLETION = {"prompt": "The capital of France is", "n_predict": 8}
@@ -51,6 +53,12 @@ def running_pods(kube: Kube, example: Example) -> list[dict[str, Any]]:
     """The Deployment's pods that are not on their way out."""
     pods = kube.json("-n", APP_NAMESPACE, "get", "pods", "-l", example.selector, hint="kubectl get pods")["items"]
     return [p for p in pods if not p["metadata"].get("deletionTimestamp")]
+
+
+def replica_sets(kube: Kube, example: Example) -> set[str]:
+    """Names of the Deployment's ReplicaSets: a rollout adds one."""
+    found = kube.json("-n", APP_NAMESPACE, "get", "replicasets", "-l", example.selector, hint="kubectl get rs")
+    return {r["metadata"]["name"] for r in found["items"]}
 
 
 def container_names(pod: dict[str, Any]) -> list[str]:

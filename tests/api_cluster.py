@@ -22,7 +22,17 @@ from collections.abc import Callable, Coroutine, Iterator
 from typing import Any, TypeVar
 
 from api_proxy import ApiProxy, Call, Refused, Resource
-from api_server import CRDS, NS, ApiError, ControlPlaneProcess, call, operator_cluster_role, wait_for
+from api_server import (
+    CRDS,
+    NS,
+    WEBHOOK_CONFIGURATIONS,
+    ApiError,
+    ControlPlaneProcess,
+    call,
+    empty_webhook_configuration,
+    operator_cluster_role,
+    wait_for,
+)
 from kube_faults import Fault, RandomFaults
 from kubelet_lint import KubeletProblem
 from project_files import CRD
@@ -171,6 +181,10 @@ class Cluster:
             self.assert_kubelet_could_run()
 
     def clean(self) -> None:
+        # The operator's webhook entries first: they would send the next test's pods to a
+        # webhook that is gone (failurePolicy Fail).
+        self.admin("PATCH", f"{WEBHOOK_CONFIGURATIONS}/{empty_webhook_configuration()['metadata']['name']}",
+                   {"webhooks": [], "metadata": {"annotations": None}}, "application/merge-patch+json")  # fmt: skip
         written = {c.resource for c in self.proxy.calls
                    if c.resource is not None and c.method == "POST" and c.status is not None and c.status < 300}  # fmt: skip
         for resource in sorted(written, key=lambda r: (r.group, r.plural)):

@@ -120,6 +120,16 @@ class Admin:
                    {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "default"}})  # fmt: skip
 
 
+WEBHOOK_CONFIGURATIONS = "/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations"
+
+
+def empty_webhook_configuration() -> dict[str, Any]:
+    """The injection webhook's configuration as the chart installs it: no entry, no CA yet."""
+    name = OperatorSettings().webhook_configuration
+    return {"apiVersion": "admissionregistration.k8s.io/v1", "kind": "MutatingWebhookConfiguration",
+            "metadata": {"name": name}, "webhooks": []}  # fmt: skip
+
+
 def operator_cluster_role() -> dict[str, Any]:
     """slogate_operator.rbac's table as one ClusterRole (the chart's when serving all namespaces)."""
     defaults = OperatorSettings()
@@ -176,6 +186,7 @@ class ControlPlaneProcess:
             "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "slogate-operator"},
             "subjects": [{"kind": "ServiceAccount", "name": account, "namespace": namespace}],
         })  # fmt: skip
+        self.admin.apply(WEBHOOK_CONFIGURATIONS, empty_webhook_configuration())
         self.admin.ensure_namespace(NS)
         self.namespaces = {NS, namespace}
 

@@ -16,6 +16,7 @@ from kopf.testing import KopfRunner
 
 from api_cluster import NS, Cluster
 from polling import eventually
+from ports import free_ports
 from slogate_operator import metrics
 
 MARKER = "kopf_thread"
@@ -32,6 +33,8 @@ TEST_SETTINGS = {
     "LIVENESS_PORT": "0",
     "IMAGE": "slogate:test",
     "STARTUP_JITTER_SECONDS": "0",
+    "WEBHOOK_ADDRESS": "127.0.0.1",
+    "WEBHOOK_SETTLE_SECONDS": "0.3",
 }
 _unmarked: list[str] = []
 """The test under way, if it is not marked ``kopf_thread`` (set by ``only_when_marked``)."""
@@ -52,7 +55,10 @@ def running_operator(cluster: Cluster, **settings: str) -> Iterator[KopfRunner]:
     """The real operator, in kopf's test runner thread, against the cluster."""
     if _unmarked:
         raise AssertionError(f"{_unmarked[0]} runs kopf in a thread: mark it with pytest.mark.{MARKER}")
-    env = {f"SLOGATE_OPERATOR_{k}": v for k, v in {**TEST_SETTINGS, **settings}.items()}
+    (port,) = free_ports()
+    # The API server calls the operator's injection webhook here, on loopback.
+    webhook = {"WEBHOOK_PORT": str(port), "WEBHOOK_URL": f"https://127.0.0.1:{port}"}
+    env = {f"SLOGATE_OPERATOR_{k}": v for k, v in {**TEST_SETTINGS, **webhook, **settings}.items()}
     env["SLOGATE_OPERATOR_KUBE_API"] = cluster.url
     saved = {key: os.environ.get(key) for key in env}
     os.environ.update(env)

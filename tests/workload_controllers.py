@@ -103,29 +103,51 @@ def started(cluster: Cluster, job_name: str, ns: str) -> str:
 # ------------------------------------------------------------------------------ Deployments
 
 
-def run_pods(cluster: Cluster, deployment_name: str, ips: list[str], ns: str = NS) -> list[str]:
-    """Running pods of the Deployment's current template, one per IP; their sidecars run."""
+def create_pod(cluster: Cluster, deployment_name: str, index: int = 0, ns: str = NS) -> dict[str, Any]:
+    """A pod of the Deployment's current template, created as its ReplicaSet would, as the API
+    server stored it: after the admission webhooks (the operator's injects the gate)."""
     deployment = cluster.get(DEPLOYMENTS, deployment_name, ns)
     assert deployment is not None
     template = deployment["spec"]["template"]
+    pod = {
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": f"{deployment_name}-{index}-{uuid.uuid4().hex[:5]}",
+                     "labels": dict(template["metadata"]["labels"]),
+                     "annotations": dict(template["metadata"].get("annotations") or {})},
+        "spec": template["spec"],
+    }  # fmt: skip
+    return cluster.create(PODS, pod, ns)
+
+
+def run_pods(cluster: Cluster, deployment_name: str, ips: list[str], ns: str = NS) -> list[str]:
+    """Running pods of the Deployment's current template, one per IP; their sidecars run."""
     made = []
     for index, ip in enumerate(ips):
+        pod = create_pod(cluster, deployment_name, index, ns)
         statuses = [
             {"name": c["name"], "ready": False, "restartCount": 0, "image": c["image"], "imageID": "",
              "state": {"running": {"startedAt": now()}}}
-            for c in template["spec"]["containers"]
+            for c in pod["spec"]["containers"]
         ]  # fmt: skip
-        pod = {
-            "apiVersion": "v1", "kind": "Pod",
-            "metadata": {"name": f"{deployment_name}-{index}-{uuid.uuid4().hex[:5]}",
-                         "labels": dict(template["metadata"]["labels"])},
-            "spec": template["spec"],
-        }  # fmt: skip
-        name = cluster.create(PODS, pod, ns)["metadata"]["name"]
+        name = pod["metadata"]["name"]
         status = {"phase": "Running", "podIP": ip, "podIPs": [{"ip": ip}], "containerStatuses": statuses}
         cluster.patch(PODS, name, {"status": status}, ns, sub="status")
         made.append(name)
     return made
+
+
+def gate_of(cluster: Cluster, deployment_name: str, ns: str = NS) -> str | None:
+    """The gate annotation of the Deployment's pod template: set while its pods are to be gated."""
+    deployment = cluster.get(DEPLOYMENTS, deployment_name, ns)
+    assert deployment is not None
+    return (deployment["spec"]["template"]["metadata"].get("annotations") or {}).get(names.ANNOTATION_GATE)
+
+
+def containers_of_a_new_pod(cluster: Cluster, deployment_name: str, ns: str = NS) -> list[str]:
+    """The containers a pod of the Deployment gets when created now (the pod is deleted again)."""
+    pod = create_pod(cluster, deployment_name, 99, ns)
+    cluster.delete(PODS, pod["metadata"]["name"], ns)
+    return [c["name"] for c in pod["spec"]["containers"]]
 
 
 def write_deployment_status(

@@ -54,6 +54,7 @@ SECRETS = Resource("", "v1", "secrets")
 EVENTS = Resource("", "v1", "events")
 SCALED_OBJECTS = Resource("keda.sh", "v1alpha1", "scaledobjects")
 HPAS = Resource("autoscaling", "v2", "horizontalpodautoscalers")
+WEBHOOK_CONFIGURATIONS = Resource("admissionregistration.k8s.io", "v1", "mutatingwebhookconfigurations")
 
 
 class ApiError(RuntimeError):
@@ -200,7 +201,7 @@ class KubeClient:
     async def json_patch(
         self,
         resource: Resource,
-        namespace: str,
+        namespace: str | None,
         name: str,
         ops: Sequence[Mapping[str, Any]],
         subresource: str | None = None,

@@ -16,6 +16,7 @@ import aiohttp
 
 from slogate_operator import builders, names
 from slogate_operator.client import EVENTS, ApiError, KubeClient
+from slogate_operator.injection import SidecarConfig
 from slogate_operator.push import PushSettings, PushTracker
 from slogate_operator.settings import OperatorSettings
 
@@ -43,6 +44,14 @@ class Runtime:
     seen: dict[str, tuple[object, ...]] = field(default_factory=dict)
     """Per Deployment uid: what of it can concern a policy, as last seen (status writes cannot)."""
     trackers: dict[tuple[str, str], PushTracker] = field(default_factory=dict)
+    gates: dict[tuple[str, str], SidecarConfig] = field(default_factory=dict)
+    """Per gated target (namespace, Deployment): the sidecar its pods get at admission, as the
+    policy's last pass computed it (the webhook reads the API for a target not in here)."""
+    entries: dict[tuple[str, str], float] = field(default_factory=dict)
+    """Per target: when (monotonic) this process wrote or removed its webhook entry; its pods
+    roll once webhook_settle_seconds have passed since."""
+    webhook_ca: bytes | None = None
+    """This replica's CA, once it is in the configuration's bundle (None: no webhook serves)."""
 
     @property
     def push_settings(self) -> PushSettings:

@@ -24,12 +24,13 @@ import aiohttp
 import kopf
 import prometheus_client
 
-from slogate_operator import builders, metrics, names, targets
+from slogate_operator import builders, injector, metrics, names, targets
 from slogate_operator.client import DEPLOYMENTS, KubeClient
 from slogate_operator.context import Runtime
-from slogate_operator.injection import deployment_claim, removed_template
+from slogate_operator.injection import deployment_claim
 from slogate_operator.reconcile import reconcile
 from slogate_operator.settings import OperatorSettings
+from slogate_operator.webhook import Webhook, write_entries
 
 RESOURCE = (names.GROUP, names.VERSION, names.PLURAL)
 DIFFBASE_IGNORED = ("spec", "metadata.labels", "metadata.annotations")
@@ -87,7 +88,12 @@ async def startup(memo: kopf.Memo, settings: kopf.OperatorSettings, logger: kopf
         lambda: connection_info(config, settings), retries=config.api_retries, backoff_s=config.api_backoff_seconds
     )
     await client.__aenter__()
-    memo.runtime = Runtime(settings=config, client=client, http=aiohttp.ClientSession())
+    runtime = memo.runtime = Runtime(settings=config, client=client, http=aiohttp.ClientSession())
+    endpoint = injector.Endpoint.of(config)
+    if endpoint is not None:
+        # Serving before kopf's first listing: a pass may write an entry at once.
+        memo.webhook = Webhook(runtime, endpoint)
+        await memo.webhook.start()
     if config.metrics_port:
         prometheus_client.start_http_server(config.metrics_port, registry=metrics.REGISTRY)
     scope = ",".join(config.namespaces) or "all namespaces"
@@ -96,6 +102,9 @@ async def startup(memo: kopf.Memo, settings: kopf.OperatorSettings, logger: kopf
 
 @kopf.on.cleanup()
 async def cleanup(memo: kopf.Memo, **_: Any) -> None:
+    hook: Webhook | None = getattr(memo, "webhook", None)
+    if hook is not None:
+        await hook.stop()
     runtime: Runtime | None = getattr(memo, "runtime", None)
     if runtime is not None:
         await runtime.client.close()
@@ -152,19 +161,29 @@ async def _sleep(wakeup: asyncio.Event, stopped: kopf.DaemonStopped, delay: floa
 
 @kopf.on.delete(*RESOURCE, backoff=5.0)
 async def policy_deleted(name: str, namespace: str | None, memo: Any, logger: kopf.Logger, **_: Any) -> None:
-    """Release every Deployment this policy claimed, taking out what it injected (kopf retries on failure).
+    """Release every Deployment this policy claimed, its pods rolled off the gate (kopf retries on failure).
 
-    What the injection changed is given back (the llama.cpp port's name among it), so a
-    Service that targets the port by name reaches llama-server directly again.
+    Its webhook entries go first, and the API servers are given time to read that, so no
+    pod of the rollout is injected with the thresholds ConfigMap about to go; then the gate
+    annotation (and a template injection of an older operator) leaves the template.
     """
     assert namespace is not None
     rt: Runtime = memo.runtime
     mine = builders.policy_label_value(name)
-    for deployment in await rt.client.list(DEPLOYMENTS, namespace):
-        if deployment_claim(deployment) != mine:
-            continue
-        if await targets.apply_template(rt.client, namespace, deployment, removed_template, claim=None):
-            logger.info(f"Deployment {deployment['metadata']['name']} released (sidecar, if any, removed)")
+    claimed = [d for d in await rt.client.list(DEPLOYMENTS, namespace) if deployment_claim(d) == mine]
+    for deployment in claimed:
+        rt.gates.pop((namespace, deployment["metadata"]["name"]), None)
+    if claimed and injector.Endpoint.of(rt.settings) is not None:
+        entries = {injector.entry_name(namespace, d["metadata"]["name"]): None for d in claimed}
+        if await write_entries(rt.client, rt.settings.webhook_configuration, entries):
+            await asyncio.sleep(rt.settings.webhook_settle_seconds)
+    for deployment in claimed:
+
+        def released(template: Any) -> dict[str, Any]:
+            return injector.gated_template(template, None)
+
+        if await targets.apply_template(rt.client, namespace, deployment, released, claim=None):
+            logger.info(f"Deployment {deployment['metadata']['name']} released (its pods roll off the gate)")
     metrics.forget(namespace, name)
 
 

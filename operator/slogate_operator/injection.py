@@ -356,6 +356,7 @@ def owned_state(template: Mapping[str, Any]) -> dict[str, Any]:
     return {
         "label": (meta.get("labels") or {}).get(names.LABEL_POLICY),
         "record": (meta.get("annotations") or {}).get(names.ANNOTATION_INJECTION),
+        "gate": (meta.get("annotations") or {}).get(names.ANNOTATION_GATE),
         "containers": [c.get("name") for c in containers],
         "volumes": [v.get("name") for v in volumes],
         "ports": [[(p.get("containerPort"), p.get("name")) for p in c.get("ports") or ()] for c in containers],
@@ -401,7 +402,7 @@ def _quantity(text: str) -> Decimal | None:
 def same_owned(stored: Mapping[str, Any], desired: Mapping[str, Any]) -> bool:
     """Whether two templates agree on everything the operator owns."""
     have, want = owned_state(stored), owned_state(desired)
-    exact = ("label", "record", "containers", "volumes", "ports", "probes")
+    exact = ("label", "record", "gate", "containers", "volumes", "ports", "probes")
     return (
         all(have[k] == want[k] for k in exact)
         and covers(have["sidecar"], want["sidecar"])

@@ -15,13 +15,20 @@ MANAGED_BY = "slogate-operator"
 LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
 LABEL_COMPONENT = "app.kubernetes.io/component"
 LABEL_POLICY = f"{GROUP}/policy"
-"""On injected pod templates (so pods say which policy gates them) and on calibration Jobs."""
+"""On injected pods (so they say which policy gates them) and on calibration Jobs."""
 ANNOTATION_CLAIM = f"{GROUP}/policy"
 """On a target Deployment's own metadata: the one policy that gates it (injected or
 self-managed). Metadata, not the pod template: claiming starts no rollout."""
 ANNOTATION_INJECTION = f"{GROUP}/injection"
 """On an injected pod template: what the injection added and changed (JSON), so removal
 takes out exactly that and nothing of the user's that happens to share a name."""
+ANNOTATION_GATE = f"{GROUP}/gate"
+"""On a gated Deployment's pod template: the revision of what the webhook injects into its
+pods (injector.gate_revision). The only field of the template the operator writes, one no
+user manifest sets; a new value rolls the pods onto the gate, its absence off it."""
+ANNOTATION_CA_BUNDLE = f"{GROUP}/ca-bundle"
+"""On the MutatingWebhookConfiguration: the CAs its entries trust (base64 PEM), kept while
+it has no entry to carry them."""
 LABEL_FINGERPRINT = f"{GROUP}/container-fingerprint"
 ANNOTATION_RECALIBRATE = f"{GROUP}/recalibrate"
 """On a policy: any new value forces a new calibration (it is folded into the fingerprint)."""

@@ -49,6 +49,10 @@ PERMISSIONS: tuple[Permission, ...] = (
                "spec.autoscaling, engine hpa: one HPA per target (as for ScaledObjects); both engines: read the "
                "HPA's desired and current replicas (KEDA's own for a ScaledObject)"),
     Permission("", "events", ("create",), "Warning and Normal events on policies"),
+    Permission("admissionregistration.k8s.io", "mutatingwebhookconfigurations", ("get", "patch"),
+               "the injection webhook: each replica's CA in its bundle, one entry per gated target; the chart "
+               "creates it, the operator never creates or deletes it", scope="cluster",
+               named_by="webhook_configuration"),
     Permission("apiextensions.k8s.io", "customresourcedefinitions", ("list", "watch"),
                "kopf discovers the resources it serves", scope="cluster"),
     Permission("kopf.dev", "clusterkopfpeerings", ("get", "list", "watch", "patch"),

@@ -15,24 +15,17 @@ import dataclasses
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from slogate_admission.derivation import DerivationError, derive_thresholds
 from slogate_admission.drain_token import drain_token
 from slogate_admission.schema import CalibrationProfile
-from slogate_operator import autoscalers, builders, jobs, names, outcome, stores, targets
+from slogate_operator import autoscalers, builders, gating, jobs, names, outcome, stores, targets
 from slogate_operator.calibration import JobState
 from slogate_operator.client import DEPLOYMENTS, PODS, POLICIES, ApiError
 from slogate_operator.context import Runtime
-from slogate_operator.fingerprint import FINGERPRINT_VERSION, container_digest
-from slogate_operator.injection import (
-    InjectionRecord,
-    SidecarConfig,
-    TargetClaimedError,
-    injected_template,
-    removed_template,
-)
+from slogate_operator.fingerprint import FINGERPRINT_VERSION, LlamaContainer, container_digest
 from slogate_operator.push import PushReport, endpoints, thresholds_version
 from slogate_operator.spec import AdmissionPolicySpec, SpecError, parse_spec
 from slogate_operator.status import (
@@ -185,50 +178,18 @@ class Pass:
         return scan.targets[0].fingerprint
 
     async def manage_targets(self, scan: targets.TargetScan, *, gate: bool, drain: str) -> None:
-        """Claim every target; the sidecar in (``gate`` and inject) or out; strays released."""
-        sidecar, client, namespace = self.spec.operator.sidecar, self.rt.client, self.policy.namespace
-        mine = builders.policy_label_value(self.policy.name)
-        for target in scan.targets:
-            config = SidecarConfig(
-                policy=self.policy.name,
-                image=sidecar.image or self.rt.settings.image,
-                port=sidecar.port,
-                admin_port=sidecar.admin_port,
-                upstream_port=target.llama.port(),
-                prompt_counting=sidecar.prompt_counting,
-                token_secret=self.rt.settings.admin_token_secret,
-                resources=sidecar.resources.model_dump(exclude_defaults=True) if sidecar.resources else None,
-                llama_container=target.llama.name,
-                settings_flags=sidecar.settings_flags(),
-                drain_token=drain,
-            )
-
-            def desired(template: Mapping[str, Any], config: SidecarConfig = config) -> dict[str, Any]:
-                return injected_template(template, config) if gate and sidecar.inject else removed_template(template)
-
-            current = self.latest.get(target.name, target.deployment)
-            try:
-                changed = await targets.apply_template(client, namespace, current, desired, claim=mine)
-            except TargetClaimedError as error:
-                self.problems.append(f"Deployment {target.name}: {error}")
-                continue
-            if changed is not None:
-                self.latest[target.name] = changed
-                self._note_change(target.name, current, changed)
-        for stray in scan.strays:
-            released = await targets.apply_template(client, namespace, stray, removed_template, claim=None)
-            if released is not None and InjectionRecord.of(_template(stray)) is not None:
-                what = f"sidecar removed from Deployment {stray['metadata']['name']} (no longer selected)"
-                self.events.append(("Normal", "SidecarRemoved", what))
-
-    def _note_change(self, name: str, before: Mapping[str, Any], after: Mapping[str, Any]) -> None:
-        was, now = InjectionRecord.of(_template(before)), InjectionRecord.of(_template(after))
-        if was is None and now is not None:
-            self.events.append(("Normal", "SidecarInjected", f"sidecar injected into Deployment {name}"))
-        elif was is not None and now is None:
-            self.events.append(("Normal", "SidecarRemoved", f"sidecar removed from Deployment {name}"))
-        elif now is not None and _template(before) != _template(after):
-            self.events.append(("Normal", "SidecarUpdated", f"sidecar of Deployment {name} updated"))
+        """Claim every target; its pods onto the gate (``gate`` and inject) or off it; strays released."""
+        done = await gating.gate_targets(
+            self.rt, self.policy, self.spec, scan, gate=gate, drain=drain, latest=self.latest
+        )
+        self.latest.update(done.latest)
+        self.problems += [p for p in done.problems if p not in self.problems]
+        self.degraded += [d for d in done.degraded if d not in self.degraded]
+        self.events += [e for e in done.events if e not in self.events]
+        self.ungated = done.waiting  # the last call's: what is still to roll
+        if done.wait_s is not None:
+            soon = self.rt.clock() + timedelta(seconds=done.wait_s)
+            self.wake_at = soon if self.wake_at is None else min(self.wake_at, soon)
 
     def note_targets(self, scan: targets.TargetScan, *, gated: bool) -> None:
         """What the status must say about the targets though nothing failed (``status.notes``)."""
@@ -245,8 +206,7 @@ class Pass:
                     f"Deployment {target.name}: llama-server listens on {target.llama.host()} only: without "
                     "the gate (before the first calibration, after removal) nothing answers on the pod IP"
                 )
-            record = InjectionRecord.of(_template(self.latest.get(target.name, target.deployment)))
-            if inject and gated and record is not None and record.port_name is None:
+            if inject and gated and not _port_named(target.llama):
                 self.notes.append(
                     f"Deployment {target.name}: llama-server's port {target.llama.port()} has no name to hand "
                     f"over: the sidecar's client port is named {names.CLIENT_PORT_NAME!r}; a Service targeting "
@@ -362,7 +322,7 @@ class Pass:
                     if matches(pod):
                         pods[pod["metadata"]["name"]] = pod
         if sidecar.inject:  # without injection the user runs the gate: its pods are not told apart
-            self.ungated = targets.ungated([t.deployment for t in scan.targets], list(pods.values()))
+            self.ungated += targets.ungated([t.deployment for t in scan.targets], list(pods.values()))
         found = endpoints(list(pods.values()), sidecar.admin_port, injected=sidecar.inject)
         tracker = self.rt.push_tracker(self.policy.namespace, self.policy.name)
         tracker.start(
@@ -416,5 +376,7 @@ class Pass:
 LOOPBACK = frozenset({"127.0.0.1", "localhost", "::1"})
 
 
-def _template(deployment: Mapping[str, Any]) -> Mapping[str, Any]:
-    return (deployment.get("spec") or {}).get("template") or {}
+def _port_named(llama: LlamaContainer) -> bool:
+    """Whether llama-server's port has a name for the sidecar to take over."""
+    ports = llama.container.get("ports") or ()
+    return any(p.get("containerPort") == llama.port() and p.get("name") for p in ports)

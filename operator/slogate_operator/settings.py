@@ -87,6 +87,28 @@ class OperatorSettings:
     """The Prometheus that KEDA's trigger queries for a policy's demand (``spec.autoscaling``,
     engine keda) unless the policy names its own ``prometheus.serverAddress``: the one that
     scrapes the sidecars through the chart's PodMonitor."""
+    webhook_port: int = 9443
+    """Port of the pod-injection webhook (HTTPS, a certificate of the operator's own)."""
+    webhook_address: str = "0.0.0.0"
+    """Address the webhook listens on."""
+    webhook_service: str = ""
+    """``namespace/name`` of the Service in front of the operator's webhook port (port 443),
+    which the API server calls (the chart's). Empty: ``webhook_url``."""
+    webhook_url: str = ""
+    """Base URL the API server calls the webhook at when it reaches the operator directly
+    (``https://127.0.0.1:9443`` for an operator run beside a local API server). With neither
+    this nor ``webhook_service``, no pod is injected and gated policies say so."""
+    webhook_configuration: str = "slogate-injector"
+    """The MutatingWebhookConfiguration the operator keeps its entries in (one per gated
+    target) and its CA bundle; the chart creates it, the operator never creates or deletes it."""
+    webhook_failure_policy: str = "Fail"
+    """``Fail``: while no replica of the operator answers, the API server refuses to create
+    the gated targets' pods (their rollouts and scale-ups wait; nothing ever serves ungated;
+    other pods are not concerned). ``Ignore``: they start without the gate, and the policy
+    says UngatedPods until they are restarted."""
+    webhook_settle_seconds: float = 2.0
+    """Wait between writing a target's webhook entry and rolling its pods, so that every API
+    server has read the entry before the first new pod is admitted."""
     metrics_port: int = 9090
     """Port of the operator's Prometheus /metrics; 0: none."""
     liveness_port: int = 8080
@@ -101,6 +123,7 @@ class OperatorSettings:
             "push_backoff_seconds",
             "push_timeout_seconds",
             "api_backoff_seconds",
+            "webhook_settle_seconds",
         ):
             value = getattr(self, name)
             if not (math.isfinite(value) and value > 0):
@@ -108,7 +131,8 @@ class OperatorSettings:
         for name in ("push_attempts", "api_retries", "job_ttl_seconds", "peering_lifetime_seconds", "max_calibrations"):
             if getattr(self, name) < 1:
                 raise SettingsError(f"{name} must be >= 1, got {getattr(self, name)!r}")
-        for name in ("metrics_port", "liveness_port"):
+        self._check_webhook()
+        for name in ("metrics_port", "liveness_port", "webhook_port"):
             if not 0 <= getattr(self, name) <= 65535:
                 raise SettingsError(f"{name} must be a port number or 0, got {getattr(self, name)!r}")
         for name in ("startup_jitter_seconds", "calibration_grace_seconds"):
@@ -123,6 +147,14 @@ class OperatorSettings:
             raise SettingsError(f"prometheus_url must be an http(s) URL, got {self.prometheus_url!r}")
         if not self.standalone and not self.peering:
             raise SettingsError("peering must name a peering object unless standalone")
+
+    def _check_webhook(self) -> None:
+        if self.webhook_failure_policy not in ("Fail", "Ignore"):
+            raise SettingsError(f"webhook_failure_policy must be Fail or Ignore, got {self.webhook_failure_policy!r}")
+        if self.webhook_service and not re.fullmatch(r"[a-z0-9.-]+/[a-z0-9.-]+", self.webhook_service):
+            raise SettingsError(f"webhook_service must be namespace/name, got {self.webhook_service!r}")
+        if self.webhook_url and not re.fullmatch(r"https://[^/\s]+/?", self.webhook_url):
+            raise SettingsError(f"webhook_url must be https://host[:port], got {self.webhook_url!r}")
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str], **overrides: Any) -> OperatorSettings:

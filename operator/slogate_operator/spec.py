@@ -136,7 +136,9 @@ class SidecarSpec(Model):
     """The injected gate."""
 
     inject: bool = True
-    """Patch the target Deployments' pod template with the sidecar (removed with the policy)."""
+    """Inject the sidecar into the target Deployments' pods when the API server admits them
+    (the operator's webhook; the Deployment keeps your fields, the pods roll off the gate
+    with the policy)."""
     port: Port = 8081
     """Client port; it takes over the name of llama-server's port, which a Service targets."""
     admin_port: Port = 8082

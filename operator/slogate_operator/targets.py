@@ -15,7 +15,7 @@ from typing import Any, Literal
 from slogate_operator import builders, names
 from slogate_operator.client import DEPLOYMENTS, ConflictError, KubeClient
 from slogate_operator.fingerprint import ContainerNotFoundError, LlamaContainer, container_fingerprint, llama_container
-from slogate_operator.injection import deployment_claim, deployment_patch
+from slogate_operator.injection import TargetClaimedError, deployment_claim, deployment_patch
 from slogate_operator.names import SIDECAR_CONTAINER
 from slogate_operator.spec import AdmissionPolicySpec
 
@@ -105,7 +105,8 @@ def port_clash(spec: AdmissionPolicySpec, llama: LlamaContainer, pod_spec: Mappi
             f"llama-server listens on {llama.port()}, the sidecar's {ours[llama.port()]}: the gate would be "
             "its own upstream; move one of them"
         )
-    for container in pod_spec.get("containers") or ():
+    natives = [c for c in pod_spec.get("initContainers") or () if c.get("restartPolicy") == "Always"]
+    for container in [*(pod_spec.get("containers") or ()), *natives]:  # native sidecars run beside the gate
         if container.get("name") == SIDECAR_CONTAINER:
             continue
         for port in container.get("ports") or ():
@@ -128,12 +129,16 @@ async def apply_template(
 
     ``claim``: the policy label value to claim it for, None to release it, "keep" to leave it.
     Conflicts (someone changed the Deployment meanwhile) re-read and retry, so the
-    desired template is always computed from the latest one.
+    desired template is always computed from the latest one; a claim another policy made
+    meanwhile stops it (TargetClaimedError): never claimed over, its gate never taken out.
     """
     current: Mapping[str, Any] | None = deployment
-    for _ in range(CONFLICT_RETRIES):
+    for attempt in range(CONFLICT_RETRIES):
         if current is None:
             return None
+        owner = deployment_claim_value(current)
+        if attempt and claim is not None and claim != "keep" and owner not in (None, claim):
+            raise TargetClaimedError(f"it was claimed by policy {owner!r} meanwhile")
         template = (current.get("spec") or {}).get("template") or {}
         wanted = deployment_claim_value(current) if claim == "keep" else claim
         ops = deployment_patch(current, desired_from(template), wanted)

@@ -68,6 +68,15 @@ namespace globs, which values.schema.json does not accept.)
   verbs: ["get", "list", "watch", "patch"]
 {{- end }}
 
+{{/* The injection webhook's configuration (the chart's): the CA bundle and one entry per
+gated target. Cluster-scoped, so always in the ClusterRole; that object only, by name. */}}
+{{- define "slogate.webhookRules" -}}
+- apiGroups: ["admissionregistration.k8s.io"]
+  resources: ["mutatingwebhookconfigurations"]
+  resourceNames: [{{ printf "%s-injector" (include "slogate.fullname" .) | quote }}]
+  verbs: ["get", "patch"]
+{{- end }}
+
 {{/* kopf scans CRDs at start and on change to find the resources it serves. */}}
 {{- define "slogate.discoveryRules" -}}
 - apiGroups: ["apiextensions.k8s.io"]

@@ -54,7 +54,7 @@ def test_objects_are_named_for_the_release_and_land_in_its_namespace(
     rendered: tuple[dict[str, Any], list[Rendered]],
 ) -> None:
     values, objects = rendered
-    cluster_scoped = {"ClusterRole", "ClusterRoleBinding", "ClusterKopfPeering"}
+    cluster_scoped = {"ClusterRole", "ClusterRoleBinding", "ClusterKopfPeering", "MutatingWebhookConfiguration"}
     watched = values.get("operator", {}).get("watch", {}).get("namespaces", [])
     for o in objects:
         namespace = o.obj["metadata"].get("namespace")
@@ -100,7 +100,17 @@ def test_operator_runs_two_peered_replicas_with_its_settings_in_the_environment(
     assert ports == {
         "health": int(env["SLOGATE_OPERATOR_LIVENESS_PORT"]),
         "metrics": int(env["SLOGATE_OPERATOR_METRICS_PORT"]),
+        "webhook": int(env["SLOGATE_OPERATOR_WEBHOOK_PORT"]),
     }
+    # The injection webhook: the Service the API server calls, and the configuration the
+    # operator writes its entries into (none from the chart).
+    namespace, service = env["SLOGATE_OPERATOR_WEBHOOK_SERVICE"].split("/")
+    webhook = one(objects, "Service", "-operator-webhook").obj
+    assert (webhook["metadata"]["namespace"], webhook["metadata"]["name"]) == (namespace, service)
+    assert webhook["spec"]["ports"] == [{"name": "webhook", "port": 443, "targetPort": "webhook", "protocol": "TCP"}]
+    configuration = one(objects, "MutatingWebhookConfiguration").obj
+    assert configuration["metadata"]["name"] == env["SLOGATE_OPERATOR_WEBHOOK_CONFIGURATION"]
+    assert "webhooks" not in configuration  # the operator's own entries survive a helm upgrade
     assert container["livenessProbe"]["httpGet"]["port"] == "health"
 
 
@@ -112,9 +122,12 @@ def test_namespaced_operator_gets_roles_and_peerings_only_where_it_watches() -> 
     assert sorted(o.obj["metadata"]["namespace"] for o in objects if o.kind == "Role") == ["llm", "llm-batch"]
     assert sorted(o.obj["metadata"]["namespace"] for o in objects if o.kind == "KopfPeering") == ["llm", "llm-batch"]
     assert not [o for o in objects if o.kind == "ClusterKopfPeering"]
-    # The ClusterRole keeps only CRD discovery: no cluster-wide reach into workloads.
+    # The ClusterRole keeps only CRD discovery and the webhook's own configuration, by name:
+    # no cluster-wide reach into workloads.
     cluster_role = one(objects, "ClusterRole").obj
-    assert [r["resources"] for r in cluster_role["rules"]] == [["customresourcedefinitions"]]
+    assert [r["resources"] for r in cluster_role["rules"]] == [["customresourcedefinitions"],
+                                                              ["mutatingwebhookconfigurations"]]  # fmt: skip
+    assert cluster_role["rules"][1]["resourceNames"] == [env["SLOGATE_OPERATOR_WEBHOOK_CONFIGURATION"]]
     assert deployment["spec"]["template"]["spec"]["containers"][0]["image"].endswith(
         "@sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"
     )
@@ -189,7 +202,7 @@ def test_pod_monitor_scrapes_the_sidecar_admin_port_and_labels_the_workload() ->
     assert targets.count("workload") == 2  # from the ReplicaSet, else the controller
     assert targets.count("policy") == 1  # from the pod's slogate.dev/policy label
     service_monitor = one(render(), "ServiceMonitor").obj["spec"]
-    service = one(render(), "Service").obj["spec"]
+    service = one(render(), "Service", "-operator-metrics").obj["spec"]
     assert service_monitor["endpoints"][0]["port"] == service["ports"][0]["name"] == "metrics"
     # The operator's per-policy series keep their own namespace label.
     assert service_monitor["endpoints"][0]["honorLabels"] is True

@@ -45,9 +45,12 @@ def slower(profile: CalibrationProfile, factor: float, new_id: str) -> Calibrati
     return profile.model_copy(update={"id": new_id, "fingerprint": "1" * 16, "prefill": prefill, "decode": decode})
 
 
-def apply_and_calibrate(cluster: Cluster, profile: CalibrationProfile | None = None, **spec: Any) -> str:
-    """Deployment + policy, then the first calibration completes with ``profile``."""
-    cluster.create(DEPLOYMENTS, llama_deployment())
+def apply_and_calibrate(
+    cluster: Cluster, profile: CalibrationProfile | None = None, *, create_deployment: bool = True, **spec: Any
+) -> str:
+    """Deployment (unless the test made it) + policy, then the first calibration completes with ``profile``."""
+    if create_deployment:
+        cluster.create(DEPLOYMENTS, llama_deployment())
     cluster.create(POLICIES, admission_policy(**spec))
     (job,) = eventually(lambda: job_names(cluster), what="a calibration Job")
     complete_job(cluster, job, compact_json(profile or smollm2_profile()))

@@ -38,7 +38,7 @@ from slogate_admission.schema import CalibrationProfile, Thresholds
 from slogate_calibration.output import compact_json
 from slogate_operator import names
 from slogate_operator.spec import parse_spec
-from workload_controllers import complete_job, fail_job, job_names
+from workload_controllers import complete_job, containers_of_a_new_pod, fail_job, job_names
 
 pytestmark = pytest.mark.kopf_thread  # runs the real operator in a thread
 
@@ -51,11 +51,9 @@ def job_creates(cluster: Cluster) -> list[str]:
     return [name for plural, name in cluster.created if plural == "jobs"]
 
 
-def sidecars_in_template(cluster: Cluster) -> list[str]:
-    deployment = cluster.get(DEPLOYMENTS, "smollm2")
-    assert deployment is not None
-    containers = deployment["spec"]["template"]["spec"]["containers"]
-    return [c["name"] for c in containers if c["name"] == names.SIDECAR_CONTAINER]
+def sidecars_of_a_new_pod(cluster: Cluster) -> list[str]:
+    """The sidecars a pod of the target gets at admission (the template keeps the user's containers)."""
+    return [c for c in containers_of_a_new_pod(cluster, "smollm2") if c == names.SIDECAR_CONTAINER]
 
 
 def status_calibration_id(cluster: Cluster) -> str | None:
@@ -112,11 +110,11 @@ def test_a_whole_lifecycle_converges_under_random_api_faults(cluster: Cluster) -
         fingerprints = [cluster.get(JOBS, j) for j in (first, second)]
         keys = [j["metadata"]["labels"][names.LABEL_FINGERPRINT] for j in fingerprints if j is not None]
         assert len(set(keys)) == 2
-        assert sidecars_in_template(cluster) == [names.SIDECAR_CONTAINER]
+        assert sidecars_of_a_new_pod(cluster) == [names.SIDECAR_CONTAINER]
         deployment = cluster.get(DEPLOYMENTS, "smollm2")
         assert deployment is not None
         llama = deployment["spec"]["template"]["spec"]["containers"][0]
-        assert llama["args"] == ARGS_T1  # the injection kept the rollout's change
+        assert llama["args"] == ARGS_T1  # the rollout's change is kept
         assert thresholds_in(cluster) == second_thresholds
         assert second_thresholds == expected_thresholds(cluster, second_profile, second_thresholds)
         assert second_thresholds != first_thresholds
@@ -186,7 +184,7 @@ def test_an_operator_killed_after_creating_a_job_restarts_without_a_duplicate_or
         assert thresholds_in(cluster) == new
         assert new == expected_thresholds(cluster, newer, new)
         assert job_creates(cluster) == [first, second, second]  # a create per attempt, none twice
-        assert sidecars_in_template(cluster) == [names.SIDECAR_CONTAINER]
+        assert sidecars_of_a_new_pod(cluster) == [names.SIDECAR_CONTAINER]
     assert chaos.failed > failed_before_restart, chaos.met  # the restarted operator met faults too
     assert retry_conflict.times == 0
     met = statuses_met(chaos)

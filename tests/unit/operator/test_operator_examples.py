@@ -21,7 +21,7 @@ from polling import eventually
 from project_files import ROOT
 from slogate_calibration.output import compact_json
 from slogate_operator import names
-from workload_controllers import complete_job, job_names
+from workload_controllers import complete_job, containers_of_a_new_pod, gate_of, job_names
 
 EXAMPLES = sorted((ROOT / "examples").glob("*.yaml"))
 COLLECTIONS = {
@@ -78,8 +78,9 @@ def test_every_example_goes_through_its_lifecycle(path: Path, cluster: Cluster, 
     complete_job(cluster, job, compact_json(smollm2_profile()))
     eventually(lambda: status_of(cluster, "Ready", name) == "True", what=f"{path.name}: Ready")
     for target in targets:
-        containers = [c["name"] for c in cluster.get(DEPLOYMENTS, target)["spec"]["template"]["spec"]["containers"]]
+        containers = containers_of_a_new_pod(cluster, target)
         assert (names.SIDECAR_CONTAINER in containers) == inject, containers
+        assert (gate_of(cluster, target) is not None) == inject
 
     # A rollout that changes the llama.cpp container recalibrates (or, onRollout false, says Stale).
     on_rollout = (spec.get("calibration") or {}).get("onRollout", True)

@@ -33,7 +33,7 @@ from polling import eventually
 from slogate_calibration.output import compact_json
 from slogate_operator import handlers
 from slogate_operator.context import Runtime, utc_now
-from workload_controllers import complete_job, fail_job, job_names, run_pods, write_deployment_status
+from workload_controllers import complete_job, fail_job, gate_of, job_names, run_pods, write_deployment_status
 
 pytestmark = pytest.mark.kopf_thread  # runs the real operator in a thread
 
@@ -207,7 +207,7 @@ def test_an_invalid_spec_stored_under_an_older_crd_is_invalid(
     assert eventually(lambda: events(cluster, "InvalidSpec"))[0]["type"] == "Warning"
     settle("smollm2")
     assert job_names(cluster) == []
-    assert len(cluster.get(DEPLOYMENTS, "smollm2")["spec"]["template"]["spec"]["containers"]) == 1
+    assert gate_of(cluster, "smollm2") is None
     # Fixed, it proceeds.
     cluster.patch(POLICIES, "smollm2", {"spec": admission_policy()["spec"] | {"classes": None, "concurrency": None}})
     eventually(lambda: job_names(cluster), what="a Job once the spec is valid")
@@ -232,7 +232,7 @@ def test_api_conflicts_and_errors_are_retried(cluster: Cluster, operator: KopfRu
     cluster.create(POLICIES, admission_policy())
     (job,) = eventually(lambda: job_names(cluster), what="a Job despite the errors")
     complete_job(cluster, job, compact_json(smollm2_profile()))
-    eventually(lambda: len(cluster.get(DEPLOYMENTS, "smollm2")["spec"]["template"]["spec"]["containers"]) == 2)
+    eventually(lambda: gate_of(cluster, "smollm2") is not None)
     assert all(f.times == 0 for f in cluster.faults)  # every fault was met
     eventually(lambda: status_of(cluster, "Ready") == "True")
     assert cluster.forbidden == []  # the re-read after the 409 is within the operator's RBAC

@@ -31,7 +31,7 @@ from slogate_admission.schema import CalibrationProfile
 from slogate_calibration.output import compact_json
 from slogate_operator import names, rbac
 from slogate_operator.spec import parse_spec
-from workload_controllers import complete_job, fail_job, job_names
+from workload_controllers import complete_job, containers_of_a_new_pod, fail_job, gate_of, job_names
 
 pytestmark = pytest.mark.kopf_thread  # runs the real operator in a thread
 
@@ -59,8 +59,13 @@ def test_apply_claims_the_target_and_starts_one_calibration_before_injecting(
     assert {e["reason"] for e in cluster.list(EVENTS)} >= {"CalibrationStarted"}
     assert len(cluster.calls("POST", "jobs")) == 1
     complete_job(cluster, job, compact_json(smollm2_profile()))
-    eventually(lambda: len(cluster.get(DEPLOYMENTS, "smollm2")["spec"]["template"]["spec"]["containers"]) == 2)
+    eventually(lambda: gate_of(cluster, "smollm2") is not None, what="the pods rolled onto the gate")
     eventually(lambda: {e["reason"] for e in cluster.list(EVENTS)} >= {"SidecarInjected"})
+    # The template keeps the user's containers; a pod gets the gate when the API server admits it.
+    assert [c["name"] for c in cluster.get(DEPLOYMENTS, "smollm2")["spec"]["template"]["spec"]["containers"]] == [
+        "llama"
+    ]
+    assert containers_of_a_new_pod(cluster, "smollm2") == ["llama", names.SIDECAR_CONTAINER]
 
 
 def test_a_completed_calibration_puts_derived_thresholds_in_configmap_and_status(
@@ -191,7 +196,7 @@ def test_deleting_the_policy_takes_the_sidecar_out(cluster: Cluster, operator: K
     original = cluster.get(DEPLOYMENTS, "smollm2")["spec"]["template"]  # as the API server stored it
     cluster.delete(DEPLOYMENTS, "smollm2")
     apply_and_calibrate(cluster)
-    eventually(lambda: len(cluster.get(DEPLOYMENTS, "smollm2")["spec"]["template"]["spec"]["containers"]) == 2)
+    eventually(lambda: gate_of(cluster, "smollm2") is not None)
     cluster.delete(POLICIES, "smollm2")
     eventually(lambda: cluster.get(POLICIES, "smollm2") is None, what="the finalizer released")
     template = cluster.get(DEPLOYMENTS, "smollm2")["spec"]["template"]
@@ -210,12 +215,12 @@ def test_a_selector_gates_every_matching_deployment_and_lets_go_of_others(
     (job,) = eventually(lambda: job_names(cluster))  # same container: one calibration for both
     complete_job(cluster, job, compact_json(smollm2_profile()))
     for name in ("zone-a", "zone-b"):
-        eventually(lambda n=name: len(cluster.get(DEPLOYMENTS, n)["spec"]["template"]["spec"]["containers"]) == 2)
+        eventually(lambda n=name: gate_of(cluster, n) is not None)
     eventually(lambda: status_of(cluster, "Ready", "zones") == "True")
     assert policy(cluster, "zones")["status"]["targets"] == ["zone-a", "zone-b"]
     cluster.patch(DEPLOYMENTS, "zone-b", {"metadata": {"labels": {"model": "other"}}})
-    eventually(lambda: len(cluster.get(DEPLOYMENTS, "zone-b")["spec"]["template"]["spec"]["containers"]) == 1)
-    assert len(cluster.get(DEPLOYMENTS, "zone-a")["spec"]["template"]["spec"]["containers"]) == 2
+    eventually(lambda: gate_of(cluster, "zone-b") is None)
+    assert gate_of(cluster, "zone-a") is not None
     # A selected Deployment with another container: one policy cannot calibrate two models.
     other = llama_deployment("zone-c", labels={"model": "smollm2"}, args=ARGS_T1)
     cluster.create(DEPLOYMENTS, other)

@@ -16,8 +16,10 @@ from api_cluster import DEPLOYMENTS, POLICIES, Cluster
 from canned_profiles import smollm2_profile
 from manifests import admission_policy, condition, llama_deployment
 from polling import eventually
+from ports import free_ports
 from slogate_calibration.output import compact_json
-from workload_controllers import complete_job, job_names
+from slogate_operator import names
+from workload_controllers import complete_job, containers_of_a_new_pod, job_names
 
 PEERING = "/apis/kopf.dev/v1/clusterkopfpeerings/slogate"
 
@@ -26,10 +28,12 @@ class Replica:
     """One `slogate operator` process, its output collected line by line."""
 
     def __init__(self, cluster: Cluster, name: str) -> None:
+        (port,) = free_ports()  # each replica serves the injection webhook: the active one's entry names it
         env = dict(
             os.environ, SLOGATE_OPERATOR_KUBE_API=cluster.url, SLOGATE_OPERATOR_RESYNC_SECONDS="0.5",
             SLOGATE_OPERATOR_PEERING_LIFETIME_SECONDS="3", SLOGATE_OPERATOR_METRICS_PORT="0",
-            SLOGATE_OPERATOR_LIVENESS_PORT="0", POD_ID=name,
+            SLOGATE_OPERATOR_LIVENESS_PORT="0", POD_ID=name, SLOGATE_OPERATOR_WEBHOOK_PORT=str(port),
+            SLOGATE_OPERATOR_WEBHOOK_URL=f"https://127.0.0.1:{port}", SLOGATE_OPERATOR_WEBHOOK_ADDRESS="127.0.0.1",
         )  # fmt: skip
         self.name = name
         self.lines: list[str] = []
@@ -92,6 +96,8 @@ def test_one_replica_acts_the_other_waits_then_takes_over(cluster: Cluster) -> N
         eventually(lambda: condition(cluster.get(POLICIES, "smollm2"), "Ready").get("status") == "True")
         assert standby.said("calibration smollm2-cal-")  # it read the Job the other one started
         assert job_names(cluster) == [job]
+        # The replica left serves the injection webhook alone (its CA in the bundle).
+        assert containers_of_a_new_pod(cluster, "smollm2") == ["llama", names.SIDECAR_CONTAINER]
     finally:
         for replica in replicas:
             replica.stop()

@@ -10,14 +10,17 @@ import jsonschema
 import pytest
 
 from canned_profiles import smollm2_profile
+from manifests import admission_policy, llama_deployment
 from project_files import SCHEMA
 from slogate_admission.derivation import derive_thresholds
 from slogate_admission.schema import Policy
 from slogate_calibration.output import compact_json
-from slogate_operator import names
+from slogate_operator import names, targets
 from slogate_operator.calibration import FailureReason, JobState, job_outcome, retry_delay
+from slogate_operator.fingerprint import llama_container
 from slogate_operator.push import endpoints
 from slogate_operator.settings import OperatorSettings, SettingsError
+from slogate_operator.spec import parse_spec
 from slogate_operator.status import (
     Condition,
     ConditionType,
@@ -189,3 +192,17 @@ def test_pushes_go_to_running_sidecars_ready_or_not() -> None:
     assert [(e.pod, e.url) for e in found] == [("a", "http://[fd00::1]:8082"), ("b", "http://10.0.0.2:8082")]
     # A self-managed sidecar's container may be named anything: every running pod is pushed to.
     assert len(endpoints(pods, 8082, injected=False)) == 3
+
+
+def test_a_native_sidecar_on_the_gates_port_is_a_clash() -> None:
+    """The review: only regular containers' ports were checked; a native sidecar (an init
+    container with restartPolicy Always) on the sidecar's port crash-looped the gated pod."""
+    spec = parse_spec(admission_policy()["spec"])
+    template = llama_deployment()["spec"]["template"]["spec"]
+    template["initContainers"].append({"name": "proxy", "image": "envoy", "restartPolicy": "Always",
+                                       "ports": [{"containerPort": 8081}]})  # fmt: skip
+    clash = targets.port_clash(spec, llama_container(template, None), template)
+    assert clash is not None
+    assert "container proxy declares port 8081" in clash
+    template["initContainers"][-1].pop("restartPolicy")  # a plain init container has exited before the gate starts
+    assert targets.port_clash(spec, llama_container(template, None), template) is None

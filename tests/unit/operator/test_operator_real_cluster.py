@@ -22,13 +22,9 @@ from manifests import admission_policy, condition, llama_deployment
 from polling import eventually
 from slogate_calibration.output import compact_json
 from slogate_operator import metrics, names
-from workload_controllers import complete_job, fail_job, job_names, pending_job_pod
+from workload_controllers import complete_job, create_pod, fail_job, gate_of, job_names, pending_job_pod
 
 pytestmark = pytest.mark.kopf_thread  # runs the real operator in a thread
-
-
-def containers_of(cluster: Cluster, name: str = "smollm2") -> list[dict[str, Any]]:
-    return list(cluster.get(DEPLOYMENTS, name)["spec"]["template"]["spec"]["containers"])
 
 
 def named_port(template: dict[str, Any], port_name: str) -> tuple[str, int] | None:
@@ -103,16 +99,22 @@ def test_the_services_port_name_reaches_the_gate_while_injected_and_llama_server
     cluster.create(DEPLOYMENTS, llama_deployment())
     cluster.create(POLICIES, admission_policy())
     (job,) = eventually(lambda: job_names(cluster))
-    assert named_port(cluster.get(DEPLOYMENTS, "smollm2")["spec"]["template"], "http") == ("llama", 8080)
+    assert named_port(create_pod(cluster, "smollm2"), "http") == ("llama", 8080)
     complete_job(cluster, job, compact_json(smollm2_profile()))
-    eventually(lambda: len(containers_of(cluster)) == 2, what="the sidecar, once thresholds exist")
-    gated = cluster.get(DEPLOYMENTS, "smollm2")["spec"]["template"]
+    eventually(
+        lambda: gate_of(cluster, "smollm2") is not None, what="the pods rolled onto the gate, once thresholds exist"
+    )
+    gated = create_pod(cluster, "smollm2", 1)
     assert named_port(gated, "http") == (names.SIDECAR_CONTAINER, 8081)  # the Service goes through the gate
+    # The Deployment keeps the user's fields: the hand-over is the pod's.
+    assert named_port(cluster.get(DEPLOYMENTS, "smollm2")["spec"]["template"], "http") == ("llama", 8080)
     cluster.delete(POLICIES, "smollm2")
     eventually(lambda: cluster.get(POLICIES, "smollm2") is None, what="the finalizer released")
     after = cluster.get(DEPLOYMENTS, "smollm2")
-    assert named_port(after["spec"]["template"], "http") == ("llama", 8080)  # and straight to llama-server again
-    assert [c["name"] for c in after["spec"]["template"]["spec"]["containers"]] == ["llama"]
+    assert gate_of(cluster, "smollm2") is None
+    ungated = create_pod(cluster, "smollm2", 2)
+    assert named_port(ungated, "http") == ("llama", 8080)  # and straight to llama-server again
+    assert [c["name"] for c in ungated["spec"]["containers"]] == ["llama"]
     assert names.ANNOTATION_CLAIM not in (after["metadata"].get("annotations") or {})
     cluster.assert_kubelet_could_run()
 
@@ -149,9 +151,10 @@ def test_a_job_the_api_server_refuses_is_degraded_with_its_message(cluster: Clus
 
 def test_resyncs_against_a_defaulting_api_server_patch_nothing(cluster: Cluster, operator: KopfRunner) -> None:
     apply_and_calibrate(cluster)
-    eventually(lambda: len(containers_of(cluster)) == 2)
-    stored = containers_of(cluster)[1]
-    assert stored["terminationMessagePath"] == "/dev/termination-log"  # the API server's defaults are there
+    eventually(lambda: gate_of(cluster, "smollm2") is not None)
+    stored = create_pod(cluster, "smollm2")["spec"]["containers"][1]
+    assert stored["name"] == names.SIDECAR_CONTAINER
+    assert stored["terminationMessagePath"] == "/dev/termination-log"  # defaulted after the webhook's patch
     settle("smollm2", more=2)
     patches = len(cluster.calls("PATCH", "deployments"))
     settle("smollm2", more=5)
@@ -245,7 +248,7 @@ def test_a_conflicting_write_is_re_read_within_the_operators_rbac(cluster: Clust
     (job,) = eventually(lambda: job_names(cluster))
     cluster.faults.append(Fault("PATCH", "deployments", 409))
     complete_job(cluster, job, compact_json(smollm2_profile()))
-    eventually(lambda: len(containers_of(cluster)) == 2, what="the injection, after a re-read")
+    eventually(lambda: gate_of(cluster, "smollm2") is not None, what="the gate, after a re-read")
     assert cluster.forbidden == []
 
 
@@ -264,7 +267,7 @@ def test_a_llama_server_on_the_sidecars_port_is_refused(cluster: Cluster, operat
     assert "listens on 8081, the sidecar's spec.sidecar.port" in invalid["message"]
     settle("smollm2")
     assert job_names(cluster) == []
-    assert len(containers_of(cluster)) == 1
+    assert gate_of(cluster, "smollm2") is None
 
 
 def test_settings_the_operator_cannot_read_are_noted_in_the_status(cluster: Cluster, operator: KopfRunner) -> None:
@@ -292,7 +295,11 @@ def test_the_policys_sidecar_settings_reach_the_injected_sidecars_command_line(
     apply_and_calibrate(cluster, sidecar=sidecar)
 
     def injected_args() -> list[str] | None:
-        found = [c for c in containers_of(cluster) if c["name"] == names.SIDECAR_CONTAINER]
+        if gate_of(cluster, "smollm2") is None:
+            return None
+        found = [
+            c for c in create_pod(cluster, "smollm2")["spec"]["containers"] if c["name"] == names.SIDECAR_CONTAINER
+        ]
         return list(found[0].get("args") or ()) if found else None
 
     args = eventually(injected_args, what="the injected sidecar")

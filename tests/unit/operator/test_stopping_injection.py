@@ -29,7 +29,7 @@ from slogate_operator import builders, names, stopping
 from slogate_operator.fingerprint import container_fingerprint, llama_container
 from slogate_operator.injection import SidecarConfig, injected_template, removed_template, template_patch
 from slogate_sidecar.settings import SidecarSettings
-from workload_controllers import complete_job, job_names
+from workload_controllers import complete_job, create_pod, gate_of, job_names
 
 K8S = "1.33.0"
 CONFIG = SidecarConfig(policy="smollm2", image="slogate:0.1.0", port=8081, admin_port=8082, upstream_port=8080,
@@ -238,11 +238,8 @@ def test_the_operator_injects_the_hooks_keeps_a_longer_grace_and_gives_it_back(
     cluster.create(POLICIES, admission_policy())
     (job,) = eventually(lambda: job_names(cluster), what="a calibration Job")
     complete_job(cluster, job, compact_json(smollm2_profile()))
-    eventually(
-        lambda: len(pod_of(cluster.get(DEPLOYMENTS, "smollm2"))["containers"]) == 2,
-        what="the sidecar, once thresholds exist",
-    )
-    spec = pod_of(cluster.get(DEPLOYMENTS, "smollm2"))
+    eventually(lambda: gate_of(cluster, "smollm2") is not None, what="the gate, once thresholds exist")
+    spec = create_pod(cluster, "smollm2")["spec"]  # the hooks are the pod's, given at admission
     assert spec["terminationGracePeriodSeconds"] == 45
     assert spec["containers"][0]["lifecycle"]["postStart"] == USERS_HOOK
     # The hook carries the drain token of the admin token the sidecar mounts (it checks it).
@@ -255,7 +252,9 @@ def test_the_operator_injects_the_hooks_keeps_a_longer_grace_and_gives_it_back(
     assert drain_deadline(spec["containers"][1]) == "40"
     cluster.delete(POLICIES, "smollm2")
     eventually(lambda: cluster.get(POLICIES, "smollm2") is None, what="the finalizer released")
-    after = pod_of(cluster.get(DEPLOYMENTS, "smollm2"))
+    template = pod_of(cluster.get(DEPLOYMENTS, "smollm2"))  # never had the hook: the pods had it
+    assert template["containers"][0]["lifecycle"] == {"postStart": USERS_HOOK}
+    after = create_pod(cluster, "smollm2", 1)["spec"]
     assert after["terminationGracePeriodSeconds"] == 45
     assert after["containers"][0]["lifecycle"] == {"postStart": USERS_HOOK}
     cluster.assert_kubelet_could_run()
