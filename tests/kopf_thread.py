@@ -33,6 +33,7 @@ TEST_SETTINGS = {
     "LIVENESS_PORT": "0",
     "IMAGE": "slogate:test",
     "STARTUP_JITTER_SECONDS": "0",
+    "COALESCE_SECONDS": "0.05",
     "WEBHOOK_ADDRESS": "127.0.0.1",
     "WEBHOOK_SETTLE_SECONDS": "0.3",
 }

@@ -76,9 +76,11 @@ async def step(
     previous: Mapping[str, Any],
     *,
     gated: bool,
+    spec_changed: bool = False,
 ) -> AutoscalingReport:
     """The pass's autoscaling step over its usable targets (``previous``: the policy's last
-    status; ``gated``: thresholds are in force)."""
+    status; ``gated``: thresholds are in force; ``spec_changed``: the first pass over a new
+    generation of the spec)."""
     return await reconcile_autoscalers(
         rt.client,
         policy,
@@ -87,6 +89,7 @@ async def step(
         gated=gated,
         prometheus_url=rt.settings.prometheus_url,
         previous=previous.get("autoscaling"),
+        spec_changed=spec_changed,
     )
 
 
@@ -99,13 +102,18 @@ async def reconcile_autoscalers(
     gated: bool,
     prometheus_url: str,
     previous: Mapping[str, Any] | None,
+    spec_changed: bool = False,
 ) -> AutoscalingReport:
     """Apply the policy's autoscalers for ``deployments`` (its usable targets); never raises an ApiError."""
     report = AutoscalingReport()
     recorded = _recorded(previous)
     try:
         if not spec.enabled:
-            await _delete(client, policy, recorded, report)
+            # Just disabled: what the policy controls, listed, besides what the status
+            # recorded (a pass that made one and failed before its status write left no
+            # record). Later passes trust the record: no list per pass while disabled.
+            found = await _owned(client, policy) if spec_changed else []
+            await _delete(client, policy, sorted(set(recorded) | set(found)), report)
             return report
         if not gated:
             # Before the first thresholds no sidecar decides, so none prices any work: the
@@ -236,6 +244,19 @@ async def _call(kind: str, verb: str, call: Any) -> Any:
                 f"{resource.plural}.{resource.group} (the chart's RBAC does: upgrade the release)",
             ) from error
         raise RefusalError("ApiError", f"{verb} {kind}: {error}") from error
+
+
+async def _owned(client: KubeClient, policy: PolicyRef) -> list[tuple[str, str]]:
+    """(kind, name) of every autoscaler the policy controls, of each kind whose API is served."""
+    query = f"{names.LABEL_POLICY}={policy_label_value(policy.name)},{names.LABEL_COMPONENT}={COMPONENT}"
+    found = []
+    for kind, resource in RESOURCES.items():
+        try:
+            listed = await client.list(resource, policy.namespace, label_selector=query)
+        except NotFoundError:
+            continue  # that API is not installed (no KEDA): nothing of that kind can exist
+        found += [(kind, str(o["metadata"]["name"])) for o in listed if _controlled_by(o, policy)]
+    return found
 
 
 def _controlled_by(obj: Mapping[str, Any], policy: PolicyRef) -> bool:

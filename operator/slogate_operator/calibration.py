@@ -117,7 +117,19 @@ def job_outcome(
             reason=FailureReason.TIMED_OUT,
             message=f"Job {job['metadata']['name']} has not finished {deadline.total_seconds():g} s after its creation",
         )
-    return JobOutcome(JobState.RUNNING, waiting=pod_waiting(job_pods(job, pods)))
+    mine = job_pods(job, pods)
+    if not mine and created is not None and now - created > NO_POD_GRACE:
+        name = job["metadata"]["name"]
+        return JobOutcome(JobState.RUNNING, waiting=("PodNotCreated", (
+            f"the Job has made no pod in {NO_POD_GRACE.total_seconds():g} s: a ResourceQuota, LimitRange or "
+            f"PodSecurity level of the namespace may refuse it (kubectl describe job {name}: FailedCreate events)"
+        )))  # fmt: skip
+    return JobOutcome(JobState.RUNNING, waiting=pod_waiting(mine))
+
+
+NO_POD_GRACE = timedelta(seconds=30)
+"""How long a Job may be without a pod before the status says why it may be (the Job
+controller creates one within seconds; a refused create leaves only an event on the Job)."""
 
 
 STUCK_CONTAINER_REASONS = frozenset(

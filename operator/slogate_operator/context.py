@@ -42,7 +42,8 @@ class Runtime:
     interests: dict[tuple[str, str], Callable[[Mapping[str, Any]], bool]] = field(default_factory=dict)
     """Per policy: whether a Deployment concerns it (named, selected, or claimed by it)."""
     seen: dict[str, tuple[object, ...]] = field(default_factory=dict)
-    """Per Deployment uid: what of it can concern a policy, as last seen (status writes cannot)."""
+    """Per Deployment, pod or policy: what of it a pass reads, as last seen (status writes
+    of what no pass reads wake nothing)."""
     trackers: dict[tuple[str, str], PushTracker] = field(default_factory=dict)
     gates: dict[tuple[str, str], SidecarConfig] = field(default_factory=dict)
     """Per gated target (namespace, Deployment): the sidecar its pods get at admission, as the
@@ -107,6 +108,26 @@ class Runtime:
             event = self.wakeups.get((ns, policy))
             if ns == namespace and event is not None and concerns(deployment):
                 event.set()
+
+    def policy_changed(self, kind: str | None, policy: Mapping[str, Any]) -> None:
+        """Wake a policy when what a pass reads of it changed: its spec (generation), the
+        recalibrate annotation, its deletion. Not its status: each pass's own status write
+        woke the next pass (a rollout's ~60 status writes were ~60 more passes)."""
+        meta = policy.get("metadata") or {}
+        namespace, name = str(meta.get("namespace") or ""), str(meta.get("name") or "")
+        key = f"policy/{meta.get('uid') or namespace + '/' + name}"
+        if kind == "DELETED":
+            self.seen.pop(key, None)
+        else:
+            relevant = (
+                meta.get("generation"),
+                (meta.get("annotations") or {}).get(names.ANNOTATION_RECALIBRATE),
+                meta.get("deletionTimestamp"),
+            )
+            if self.seen.get(key) == relevant:
+                return
+            self.seen[key] = relevant
+        self.poke(namespace, name)
 
     def pod_changed(self, kind: str | None, pod: Mapping[str, Any]) -> None:
         """Wake the policy a pod (injected, or a calibration Job's) belongs to, when what a pass

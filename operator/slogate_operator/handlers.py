@@ -143,15 +143,18 @@ async def policy_loop(
                     error_backoff = rt.settings.error_backoff_seconds
                 if result.wake_at is not None:
                     delay = min(delay, max(0.0, (result.wake_at - rt.clock()).total_seconds()) + 0.05)
-            await _sleep(wakeup, stopped, delay)
+            if await _sleep(wakeup, stopped, delay):  # woken by a change: let the ones after it come too
+                await _sleep(asyncio.Event(), stopped, rt.settings.coalesce_seconds)
     finally:
         rt.forget(namespace, name)
 
 
-async def _sleep(wakeup: asyncio.Event, stopped: kopf.DaemonStopped, delay: float) -> None:
+async def _sleep(wakeup: asyncio.Event, stopped: kopf.DaemonStopped, delay: float) -> bool:
+    """Wait for the delay, a wake-up or the stop; whether a wake-up ended it."""
     waits = [asyncio.ensure_future(wakeup.wait()), asyncio.ensure_future(stopped.wait())]
     try:
         await asyncio.wait(waits, timeout=delay, return_when=asyncio.FIRST_COMPLETED)
+        return wakeup.is_set() and not stopped
     finally:
         for wait in waits:
             wait.cancel()
@@ -188,9 +191,8 @@ async def policy_deleted(name: str, namespace: str | None, memo: Any, logger: ko
 
 
 @kopf.on.event(*RESOURCE)
-def policy_event(name: str, namespace: str | None, memo: Any, **_: Any) -> None:
-    if namespace is not None:
-        _runtime(memo).poke(namespace, name)
+def policy_event(type: str | None, body: kopf.Body, memo: Any, **_: Any) -> None:
+    _runtime(memo).policy_changed(type, body)
 
 
 @kopf.on.event("apps", "v1", "deployments")
@@ -217,6 +219,9 @@ class _NoRuntime:
         """As poke."""
 
     def deployment_changed(self, kind: str | None, deployment: Any) -> None:
+        """As poke."""
+
+    def policy_changed(self, kind: str | None, policy: Any) -> None:
         """As poke."""
 
     def pod_changed(self, kind: str | None, pod: Any) -> None:

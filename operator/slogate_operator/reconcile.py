@@ -142,7 +142,10 @@ class Pass:
             await stores.save_stored(rt.client, policy, stored)
             await self.manage_targets(scan, gate=stored.thresholds is not None, drain=drain)
         self.note_targets(scan, gated=stored.thresholds is not None)
-        self.autoscaling = await autoscalers.step(rt, policy, spec, scan, self.previous, gated=bool(stored.thresholds))
+        changed = self.previous.get("observedGeneration") != self.status["observedGeneration"]
+        self.autoscaling = await autoscalers.step(
+            rt, policy, spec, scan, self.previous, gated=bool(stored.thresholds), spec_changed=changed
+        )
         self.status["autoscaling"] = self.autoscaling.status
         self.events += self.autoscaling.events
         if stored.profile is not None:
@@ -194,6 +197,7 @@ class Pass:
     def note_targets(self, scan: targets.TargetScan, *, gated: bool) -> None:
         """What the status must say about the targets though nothing failed (``status.notes``)."""
         inject = self.spec.operator.sidecar.inject
+        self.notes += [f"{gated}: the selector leaves it to that policy" for gated in scan.skipped]
         for target in scan.targets:
             self.notes += [f"Deployment {target.name}: {note}" for note in target.llama.notes()]
             if inject and not gated:

@@ -54,6 +54,9 @@ class OperatorSettings:
     resync_seconds: float = 30.0
     """A policy is reconciled at least this often, besides every change the operator
     watches (policy, Deployments, calibration Jobs and pods)."""
+    coalesce_seconds: float = 1.0
+    """A policy's pass waits this long after the first change that woke it, so the changes
+    that follow (a rollout's hundreds of pod events) are handled by one pass, not one each."""
     error_backoff_seconds: float = 5.0
     """First wait after a reconcile pass that failed (API down); doubles up to resync."""
     calibration_retry_seconds: float = 60.0
@@ -135,7 +138,7 @@ class OperatorSettings:
         for name in ("metrics_port", "liveness_port", "webhook_port"):
             if not 0 <= getattr(self, name) <= 65535:
                 raise SettingsError(f"{name} must be a port number or 0, got {getattr(self, name)!r}")
-        for name in ("startup_jitter_seconds", "calibration_grace_seconds"):
+        for name in ("startup_jitter_seconds", "calibration_grace_seconds", "coalesce_seconds"):
             value = getattr(self, name)
             if not (math.isfinite(value) and value >= 0):
                 raise SettingsError(f"{name} must be a finite number >= 0, got {value!r}")

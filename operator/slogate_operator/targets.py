@@ -44,6 +44,10 @@ class TargetScan:
     """Selected Deployments the policy cannot gate (no such container, gated by another policy)."""
     strays: tuple[Mapping[str, Any], ...]
     """Deployments this policy injected that it no longer selects: the sidecar must go."""
+    skipped: tuple[str, ...] = ()
+    """Deployments the selector matches that another policy gates: left to it, and said in
+    ``status.notes`` (a selector that overlaps another policy's target is no error: it
+    gates the rest, and takes that one over if the other policy lets it go)."""
 
     @property
     def fingerprints(self) -> set[str]:
@@ -67,12 +71,15 @@ def scan(
     chosen = sorted(selected(spec, deployments), key=lambda d: str(d["metadata"]["name"]))
     targets: list[Target] = []
     problems: list[str] = []
+    skipped: list[str] = []
     for deployment in chosen:
         template = (deployment.get("spec") or {}).get("template") or {}
         name = deployment["metadata"]["name"]
         owner = deployment_claim(deployment)
         if owner is not None and owner != mine:
-            problems.append(f"Deployment {name} is already gated by policy {owner!r}")
+            gated = f"Deployment {name} is already gated by policy {owner!r}"
+            # Named by targetRef: a conflict to resolve. Matched by a selector: left to its owner.
+            (problems if spec.operator.target_ref is not None else skipped).append(gated)
             continue
         try:
             llama = llama_container(template.get("spec") or {}, spec.operator.container)
@@ -86,7 +93,7 @@ def scan(
         targets.append(Target(deployment, llama, container_fingerprint(llama, recalibrate)))
     chosen_names = {d["metadata"]["name"] for d in chosen}
     strays = tuple(d for d in deployments if d["metadata"]["name"] not in chosen_names and deployment_claim(d) == mine)
-    return TargetScan(tuple(targets), tuple(problems), strays)
+    return TargetScan(tuple(targets), tuple(problems), strays, tuple(skipped))
 
 
 def concerns(policy: str, spec: AdmissionPolicySpec, deployment: Mapping[str, Any]) -> bool:

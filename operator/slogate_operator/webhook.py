@@ -63,6 +63,8 @@ async def write_entries(
     bundle; whether that changed it. Re-reads and retries when another writer was first."""
     for _ in range(CONFLICT_RETRIES):
         current = await client.get(WEBHOOK_CONFIGURATIONS, None, configuration)
+        if current is None and ca is None and not any(entries.values()):
+            return False  # only removals, and nothing to remove them from
         if current is None:
             raise DegradedError(
                 "WebhookConfigurationMissing",
@@ -102,7 +104,10 @@ class Webhook:
         settings = self.rt.settings
         site = web.TCPSite(self._runner, settings.webhook_address, settings.webhook_port, ssl_context=self.context)
         await site.start()
-        await self.trust()
+        try:
+            await self.trust()
+        except (ApiError, DegradedError) as error:  # retried every BUNDLE_CHECK_SECONDS; passes say why too
+            log.warning("the webhook's CA is not trusted yet: %s", error)
         self._keeper = asyncio.create_task(self.keep(), name="slogate-webhook-ca")
 
     async def stop(self) -> None:

@@ -13,15 +13,18 @@ import pytest
 import yaml
 from control_plane import Binaries
 from kopf.testing import KopfRunner
-from operator_flows import apply_and_calibrate, events
+from operator_flows import apply_and_calibrate, events, status_of
 
-from api_cluster import DEPLOYMENTS, NS, PODS, ApiError, Cluster
+from api_cluster import DEPLOYMENTS, NS, PODS, POLICIES, ApiError, Cluster
+from api_server import WEBHOOK_CONFIGURATIONS, empty_webhook_configuration
+from canned_profiles import smollm2_profile
 from kopf_thread import running_operator, settle
-from manifests import llama_deployment
+from manifests import admission_policy, condition, llama_deployment
 from polling import eventually
+from slogate_calibration.output import compact_json
 from slogate_operator import names
 from slogate_operator.injection import SidecarConfig, injected_template
-from workload_controllers import containers_of_a_new_pod, create_pod, gate_of
+from workload_controllers import complete_job, containers_of_a_new_pod, create_pod, gate_of, job_names
 
 pytestmark = pytest.mark.kopf_thread  # runs the real operator in a thread
 
@@ -124,3 +127,23 @@ def test_while_no_webhook_answers_only_the_gated_targets_pods_are_refused(cluste
     assert f"smollm2.{NS}.inject.slogate.dev" in refused.value.body
     assert [c["name"] for c in create_pod(cluster, "other")["spec"]["containers"]] == ["llama"]  # not concerned
     assert not [p for p in cluster.list(PODS) if p["metadata"]["name"].startswith("smollm2-0-")]  # none stored
+
+
+def test_without_the_charts_webhook_configuration_the_policy_says_so(cluster: Cluster) -> None:
+    """An operator run without the chart's MutatingWebhookConfiguration cannot gate any pod:
+    the policy is Degraded with what to do, and its pods stay as they are (no rollout)."""
+    path = f"{WEBHOOK_CONFIGURATIONS}/{empty_webhook_configuration()['metadata']['name']}"
+    cluster.admin("DELETE", path)
+    try:
+        with running_operator(cluster):
+            cluster.create(DEPLOYMENTS, llama_deployment())
+            cluster.create(POLICIES, admission_policy())
+            (job,) = eventually(lambda: job_names(cluster), what="a calibration Job")
+            complete_job(cluster, job, compact_json(smollm2_profile()))
+            found = eventually(lambda: (c := condition(cluster.get(POLICIES, "smollm2"), "Degraded")).get(
+                "reason") == "WebhookConfigurationMissing" and c)  # fmt: skip
+            assert "the chart creates it" in found["message"]
+            assert gate_of(cluster, "smollm2") is None  # never rolled onto a gate no pod could get
+            assert status_of(cluster, "Ready") == "False"
+    finally:
+        cluster.admin.apply(WEBHOOK_CONFIGURATIONS, empty_webhook_configuration())

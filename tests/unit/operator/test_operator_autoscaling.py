@@ -17,7 +17,7 @@ from operator_flows import apply_and_calibrate, assert_status_fits_the_crd, even
 
 from api_cluster import DEPLOYMENTS, HPAS, OPERATOR_AGENT, POLICIES, SCALED_OBJECTS, Cluster
 from canned_profiles import smollm2_profile
-from kopf_thread import settle
+from kopf_thread import running_operator, settle
 from manifests import admission_policy, condition, llama_deployment
 from polling import eventually
 from slogate_calibration.output import compact_json
@@ -269,3 +269,24 @@ def test_a_name_taken_by_an_object_the_policy_does_not_control_is_left_alone(
     assert cluster.get(SCALED_OBJECTS, "smollm2-smollm2") == before  # neither patched nor deleted
     assert cluster.calls("PATCH", "scaledobjects") == []
     assert cluster.calls("DELETE", "scaledobjects") == []
+
+
+def test_disabling_deletes_an_hpa_a_failed_pass_never_recorded(cluster: Cluster) -> None:
+    """The review: a pass that made the HPA and failed before its status write left no record;
+    disabling autoscaling then deleted only what the status recorded, and the HPA stayed,
+    scaling a Deployment no policy meant to scale."""
+    with running_operator(cluster):
+        apply_and_calibrate(cluster, autoscaling={"enabled": True, "engine": "hpa", "maxReplicas": 4})
+        eventually(lambda: cluster.list(HPAS), what="an HPA")
+        eventually(lambda: autoscaling_status(cluster).get("objects"), what="the HPA recorded")
+    # As the failed pass left it: the HPA exists, the status does not record it.
+    status = policy(cluster)["status"]
+    cluster.json_patch(POLICIES, "smollm2", [{"op": "remove", "path": "/status/autoscaling"}], sub="status")
+    assert "autoscaling" not in policy(cluster)["status"]
+    assert status["observedGeneration"] == policy(cluster)["metadata"]["generation"]
+    cluster.patch(POLICIES, "smollm2", {"spec": {"autoscaling": {"enabled": False}}})
+    with running_operator(cluster):
+        eventually(lambda: cluster.list(HPAS) == [], what="the unrecorded HPA deleted")
+        assert [e["message"] for e in events(cluster, "AutoscalerDeleted")] == [
+            "HorizontalPodAutoscaler smollm2-smollm2 deleted"
+        ]

@@ -242,3 +242,26 @@ def test_every_api_call_is_in_the_documented_rbac(cluster: Cluster, operator: Ko
     assert ("", "secrets", "create") in used
     missing = sorted(v for v in used if not rbac.allows(*v))
     assert missing == []
+
+
+def test_a_selector_that_overlaps_another_policys_target_gates_the_rest_and_is_ready(
+    cluster: Cluster, operator: KopfRunner
+) -> None:
+    """The review: such a policy stayed Invalid for ever (and so never Ready), though it could
+    gate every other Deployment it selects."""
+    for name in ("zone-a", "zone-b"):
+        deployment = llama_deployment(name, labels={"model": "smollm2"})
+        deployment["spec"]["template"]["spec"] = llama_deployment()["spec"]["template"]["spec"]
+        cluster.create(DEPLOYMENTS, deployment)
+    cluster.create(POLICIES, admission_policy("zone-a", sidecar={"inject": False}))  # zone-a's own policy
+    eventually(lambda: job_names(cluster), what="zone-a's calibration Job")
+    cluster.create(POLICIES, {**admission_policy("zones"), "spec": {"selector": {"matchLabels": {"model": "smollm2"}},
+                                                                     "slo": {"ttftSeconds": 2}}})  # fmt: skip
+    found = eventually(lambda: (p := policy(cluster, "zones")).get("status", {}).get("targets") == ["zone-b"] and p)
+    assert any("zone-a is already gated by policy 'zone-a'" in note for note in found["status"]["notes"])
+    for job in eventually(lambda: len(job_names(cluster)) == 2 and job_names(cluster), what="two Jobs"):
+        complete_job(cluster, job, compact_json(smollm2_profile()))
+    eventually(lambda: status_of(cluster, "Ready", "zones") == "True", what="the overlapping policy Ready")
+    assert status_of(cluster, "Invalid", "zones") == "False"
+    assert gate_of(cluster, "zone-b") is not None
+    assert gate_of(cluster, "zone-a") is None  # zone-a's policy runs its own sidecar (inject: false)

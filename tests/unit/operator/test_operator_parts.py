@@ -92,6 +92,18 @@ def test_an_unfinished_job_runs_until_our_deadline() -> None:
     assert (stuck.state, stuck.reason) == (JobState.FAILED, FailureReason.TIMED_OUT)
 
 
+def test_a_job_that_never_made_a_pod_says_why_it_may_not_have() -> None:
+    """The review: a Job whose pod is refused at creation (quota, LimitRange, PodSecurity) read
+    "measuring" until its timeout; the refusal is only an event on the Job."""
+    fresh = job_outcome(job(created=NOW - timedelta(seconds=5)), [], now=NOW, deadline=DEADLINE)
+    assert (fresh.state, fresh.waiting) == (JobState.RUNNING, None)  # the controller is about to make it
+    stuck = job_outcome(job(created=NOW - timedelta(seconds=31)), [], now=NOW, deadline=DEADLINE)
+    assert stuck.state is JobState.RUNNING
+    assert stuck.waiting is not None
+    assert stuck.waiting[0] == "PodNotCreated"
+    assert "kubectl describe job" in stuck.waiting[1]
+
+
 def test_retry_backoff_doubles_up_to_its_cap() -> None:
     delays = [retry_delay(n, 60, 1800).total_seconds() for n in range(1, 8)]
     assert delays == [60, 120, 240, 480, 960, 1800, 1800]
