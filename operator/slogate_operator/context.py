@@ -51,8 +51,6 @@ class Runtime:
     entries: dict[tuple[str, str], float] = field(default_factory=dict)
     """Per target: when (monotonic) this process wrote or removed its webhook entry; its pods
     roll once webhook_settle_seconds have passed since."""
-    webhook_ca: bytes | None = None
-    """This replica's CA, once it is in the configuration's bundle (None: no webhook serves)."""
 
     @property
     def push_settings(self) -> PushSettings:

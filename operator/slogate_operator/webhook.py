@@ -121,22 +121,26 @@ class Webhook:
     async def trust(self) -> None:
         """Put this replica's CA into the configuration's bundle (and every entry's)."""
         await write_entries(self.rt.client, self.rt.settings.webhook_configuration, {}, self.certificate.ca_pem)
-        self.rt.webhook_ca = self.certificate.ca_pem
 
     async def keep(self) -> None:
-        """Keep this replica trusted; renew its certificate before its last third."""
+        """Keep this replica trusted and its certificate fresh, for as long as it serves."""
         while True:
             await asyncio.sleep(BUNDLE_CHECK_SECONDS)
             try:
-                if utc_now() - self.certificate.issued >= certificates.RENEW_AFTER:
-                    renewed = certificates.issue(self.endpoint.hosts(), utc_now())
-                    await write_entries(self.rt.client, self.rt.settings.webhook_configuration, {}, renewed.ca_pem)
-                    await asyncio.sleep(self.rt.settings.webhook_settle_seconds)  # every API server trusts it
-                    certificates.load(self.context, renewed)
-                    self.certificate = renewed
-                await self.trust()
+                await self.check()
             except Exception as error:  # a failed check is tried again at the next one
                 log.warning("could not keep the webhook's CA in %s: %s", self.rt.settings.webhook_configuration, error)
+
+    async def check(self) -> None:
+        """Renew the certificate after RENEW_AFTER (the new CA trusted first, the server's
+        certificate swapped once every API server has read it); the CA back if it is gone."""
+        if utc_now() - self.certificate.issued >= certificates.RENEW_AFTER:
+            renewed = certificates.issue(self.endpoint.hosts(), utc_now())
+            await write_entries(self.rt.client, self.rt.settings.webhook_configuration, {}, renewed.ca_pem)
+            await asyncio.sleep(self.rt.settings.webhook_settle_seconds)
+            certificates.load(self.context, renewed)
+            self.certificate = renewed
+        await self.trust()
 
     async def review(self, request: web.Request) -> web.Response:
         """One AdmissionReview: the pod back with the gate, or refused with the reason."""

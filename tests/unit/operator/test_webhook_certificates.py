@@ -4,12 +4,23 @@ the API server dials, and the CA bundle every replica shares (theirs kept, expir
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import ssl
 from datetime import UTC, datetime, timedelta
 
+import aiohttp
+import kopf
 from cryptography import x509
 
+from api_cluster import Cluster
+from api_server import WEBHOOK_CONFIGURATIONS
+from ports import free_ports
 from slogate_operator import certificates
+from slogate_operator.client import KubeClient
+from slogate_operator.context import Runtime
+from slogate_operator.injector import Endpoint, ca_bundle_of
+from slogate_operator.settings import OperatorSettings
+from slogate_operator.webhook import Webhook
 
 NOW = datetime(2026, 12, 5, tzinfo=UTC)
 
@@ -58,3 +69,33 @@ def test_the_bundle_keeps_every_replicas_ca_drops_the_expired_and_caps_its_size(
     again = certificates.bundle_with(bundle, replicas[-1].ca_pem, NOW)
     assert again == bundle  # adding a CA it holds changes nothing (its place first kept)
     assert certificates.trusts(certificates.bundle_with(bundle, replicas[0].ca_pem, NOW), replicas[0].ca_pem)
+
+
+async def test_a_replica_renews_its_certificate_trusting_the_new_ca_before_serving_it(cluster: Cluster) -> None:
+    """Rotation against the real API server: the renewed CA joins the configuration's bundle
+    (the old one stays, for connections made meanwhile), then the server presents the new
+    certificate."""
+    (port,) = free_ports()
+    settings = OperatorSettings(standalone=True, webhook_url=f"https://127.0.0.1:{port}", webhook_port=port,
+                                webhook_address="127.0.0.1", webhook_settle_seconds=0.1)  # fmt: skip
+    path = f"{WEBHOOK_CONFIGURATIONS}/{settings.webhook_configuration}"
+    async with KubeClient(lambda: kopf.ConnectionInfo(server=cluster.url)) as client, aiohttp.ClientSession() as http:
+        endpoint = Endpoint.of(settings)
+        assert endpoint is not None
+        hook = Webhook(Runtime(settings=settings, client=client, http=http), endpoint)
+        await hook.start()
+        try:
+            first = hook.certificate
+            assert certificates.trusts(ca_bundle_of(cluster.admin("GET", path)), first.ca_pem)
+            hook.certificate = dataclasses.replace(first, issued=first.issued - certificates.RENEW_AFTER)
+            await hook.check()
+            renewed = hook.certificate
+            assert renewed.ca_pem != first.ca_pem
+            stored = ca_bundle_of(cluster.admin("GET", path))
+            assert certificates.trusts(stored, renewed.ca_pem)
+            assert certificates.trusts(stored, first.ca_pem)
+            presented = ssl.create_default_context(cadata=renewed.ca_pem.decode())  # the new CA alone verifies it
+            _, writer = await asyncio.open_connection("127.0.0.1", port, ssl=presented)
+            writer.close()
+        finally:
+            await hook.stop()
