@@ -20,7 +20,7 @@ from slogate_admission.schema import CalibrationProfile, Thresholds
 from slogate_calibration.output import compact_json
 from slogate_calibration.runtime import LlamaServer
 from slogate_operator import names
-from workload_controllers import complete_job, job_names, run_pods
+from workload_controllers import complete_job, gate_of, job_names, run_pods
 
 pytestmark = pytest.mark.kopf_thread  # runs the real operator in a thread
 
@@ -70,10 +70,10 @@ def test_real_calibration_reaches_every_real_sidecar_and_a_rollout_recalibrates(
         cluster.create(POLICIES, admission_policy(sidecar={"adminPort": fleet.admin_port}))
         (job,) = eventually(lambda: job_names(cluster), what="the first calibration Job")
         # Calibrated first, gated after: until thresholds exist the pods serve as they are.
-        assert len(cluster.get(DEPLOYMENTS, "smollm2")["spec"]["template"]["spec"]["containers"]) == 1
+        assert gate_of(cluster, "smollm2") is None
         complete_job(cluster, job, compact_json(calibrated_profile))
-        eventually(lambda: len(cluster.get(DEPLOYMENTS, "smollm2")["spec"]["template"]["spec"]["containers"]) == 2)
-        # The injected template's pods mount the ConfigMap, which holds the thresholds by now.
+        eventually(lambda: gate_of(cluster, "smollm2") is not None, what="the pods rolled onto the gate")
+        # The pods the webhook injects mount the ConfigMap, which holds the thresholds by now.
         fleet.mount_token()
         boot = cluster.get(CONFIGMAPS, "smollm2-thresholds")["data"]["thresholds.json"]
         for ip in PODS:
