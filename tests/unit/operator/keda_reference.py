@@ -1,6 +1,8 @@
-"""KEDA's own ScaledObject CRD, reference data kept outside the repository (never copied in):
-``../shared/reference/keda-scaledobjects-crd.yaml`` from the repository root. A test that
-validates against it skips, with that reason, only where the file is absent."""
+"""KEDA's own ScaledObject CRD, never copied into the repository: the one `make kube` takes
+from KEDA's module on the Go module proxy (e2e/kube/versions.env's KEDA_VERSION, with KEDA's
+LICENSE, into the versioned cache), else ``../shared/reference/keda-scaledobjects-crd.yaml``
+from the repository root. A test that validates against it skips, with that reason, only
+where neither is there (a clean clone that has not run `make kube`)."""
 
 from __future__ import annotations
 
@@ -10,13 +12,15 @@ from typing import Any
 import jsonschema
 import pytest
 import yaml
+from control_plane import cache_dir, versions
 from test_operator_crd import cel_and_list_map_errors
 
 from project_files import ROOT
 
 KEDA_CRD_NAME = "../shared/reference/keda-scaledobjects-crd.yaml"
-KEDA_CRD = ROOT / KEDA_CRD_NAME
-ABSENT = f"{KEDA_CRD_NAME} is absent: KEDA's ScaledObject CRD, the schema to validate against"
+CACHED = cache_dir() / f"keda-{versions()['KEDA_VERSION']}" / "keda.sh_scaledobjects.yaml"
+KEDA_CRD = CACHED if CACHED.is_file() else ROOT / KEDA_CRD_NAME
+ABSENT = f"neither {CACHED} (`make kube`) nor {KEDA_CRD_NAME}: KEDA's ScaledObject CRD, the schema to validate against"
 
 
 @functools.cache
