@@ -192,7 +192,7 @@ bench-tenants-sim: dev $(VENV)/.slogate-bench
 # module proxy into a cache keyed by version (e2e/kube/versions.env; each skipped when built),
 # the node's runtime from Debian, and images built here (no registry can be reached).
 kube:
-	@command -v go >/dev/null || { echo "make kube needs Go >= 1.25 (go.dev/doc/install)"; exit 1; }
+	@command -v go >/dev/null || { echo "make kube needs Go >= 1.26 (go.dev/doc/install; kwok 0.8 needs it)"; exit 1; }
 	bash e2e/kube/build-binaries.sh
 
 $(VENV)/.slogate-kube-deps: | $(VENV)/bin/python

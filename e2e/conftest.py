@@ -1,9 +1,10 @@
 """The end-to-end suite's fixtures: a real cluster on this machine (e2e/kube/cluster.py: etcd,
 kube-apiserver, kube-controller-manager, kube-scheduler, a real node of containerd, kubelet
-and kube-proxy, CoreDNS), the images built here imported into the node, the chart installed
-with the real helm, the SmolLM2 example's workload running ungated (its Deployment, Service
-and NetworkPolicy), a client pod beside it, then the example's AdmissionPolicy. Run with
-`make e2e` (or `make test`, which runs it last); docs/testing.md.
+and kube-proxy, CoreDNS, and kwok for the fake nodes a test makes), the images built here
+imported into the node, the chart installed with the real helm, the SmolLM2 example's
+workload running ungated (its Deployment and Service), a client pod beside it, then the
+example's AdmissionPolicy. Run with `make e2e` (or `make test`, which runs it last);
+docs/testing.md.
 
 Environment:
   SLOGATE_E2E_KEEP=1         keep the cluster running when a test failed (stopped otherwise)
@@ -45,7 +46,7 @@ from suite import (
 
 sys.path.insert(0, str(E2E / "kube"))
 sys.path.append(str(REPO / "tests"))  # tests/crd_variants.py: the variants the offline CRD test judges too
-from cluster import Binaries, Cluster, built_images, llama_server_image
+from cluster import Binaries, Cluster, Kwok, built_images, llama_server_image
 
 
 def pytest_configure(config: pytest.Config) -> None:  # noqa: ARG001 (pytest's hook signature)
@@ -119,8 +120,8 @@ def dump_diagnostics(kube: Kube) -> Path:
 
 @pytest.fixture(scope="session")
 def example() -> Example:
-    """examples/smollm2.yaml, its NetworkPolicy admitting the operator of RELEASE_NAMESPACE."""
-    example = Example([d for d in yaml.safe_load_all(EXAMPLE.read_text()) if d]).for_release(RELEASE_NAMESPACE)
+    """examples/smollm2.yaml with the images built here and a CPU request the node can hold."""
+    example = Example([d for d in yaml.safe_load_all(EXAMPLE.read_text()) if d])
     return example.with_images({UPSTREAM_LLAMA_IMAGE: llama_server_image()}).with_cpu_request(NODE_CPU_REQUEST)
 
 
@@ -129,7 +130,7 @@ def kube(request: pytest.FixtureRequest) -> Iterator[Kube]:
     """The real cluster, started for the session and stopped at its end (kept, when a test
     failed and SLOGATE_E2E_KEEP=1, with the command that stops it)."""
     workdir = Path(tempfile.mkdtemp(prefix="slogate-cluster-"))
-    cluster = Cluster(workdir, Binaries.from_cache())
+    cluster = Cluster(workdir, Binaries.from_cache(), Kwok.from_cache())
     cluster.start(built_images())
     client = Kube(cluster.admin_kubeconfig)
     holes = cluster.network.holes()  # kube-proxy and the kubelet have written their rules by now
@@ -184,16 +185,15 @@ def release(kube: Kube, images: list[str]) -> str:  # noqa: ARG001 (needs the im
 
 @pytest.fixture(scope="session")
 def workload(kube: Kube, release: str, example: Example) -> Example:  # noqa: ARG001 (needs the chart)
-    """The example without its policy, as it runs before slogate: the Deployment rolled out,
-    its Service and NetworkPolicy; and a client pod in the same namespace.
+    """The example without its policy, as it runs before slogate: the Deployment rolled out
+    and its Service; and a client pod in the same namespace.
 
-    The NetworkPolicy is kept, as the example has it but for the operator's namespace
-    (Example.for_release). The suite's node runs the CNI bridge plugin, which does not
-    enforce NetworkPolicy (Calico, Cilium or kind's kindnet would). Nothing here depends on
-    which: the client pod
-    targets the Service (the port named `http`, admitted from everyone), the operator's
-    pushes come from the admitted release namespace, and `kubectl port-forward` reaches a
-    pod over its loopback, which no NetworkPolicy filters.
+    Once gated, the operator keeps a NetworkPolicy on the pods (fence.py). The suite's node
+    runs the CNI bridge plugin, which does not enforce NetworkPolicy (Calico, Cilium or
+    kind's kindnet would); nothing here depends on which: the client pod targets the
+    Service (the gate's port, admitted from everyone), the operator's pushes come from the
+    release's operator pods (admitted), and `kubectl port-forward` reaches a pod over its
+    loopback, which no NetworkPolicy filters.
     """
     if kube.maybe_json("get", "namespace", APP_NAMESPACE) is None:
         kube("create", "namespace", APP_NAMESPACE, hint="kubectl get namespaces")

@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "kube"))
-from cluster import Binaries, built_images
+from cluster import Binaries, Kwok, built_images
 
 COMMANDS = {
     "containerd": "apt-get install containerd",
@@ -36,6 +36,10 @@ def missing_parts() -> list[str]:
         missing.append(f"the CNI plugins in {CNI_PLUGINS} (apt-get install containernetworking-plugins)")
     try:
         Binaries.from_cache()
+    except FileNotFoundError as error:
+        missing.append(str(error))
+    try:  # the fake nodes' kubelet: the 200-pod rollout (test_fleet_rollout.py) needs it
+        Kwok.from_cache()
     except FileNotFoundError as error:
         missing.append(str(error))
     try:

@@ -17,10 +17,6 @@ SCALE = float(os.environ.get("SLOGATE_E2E_TIMEOUT_SCALE", "1"))
 SLOGATE_IMAGE = "slogate:e2e"
 RELEASE, RELEASE_NAMESPACE = "slogate", "slogate-system"
 APP_NAMESPACE = "llm"
-EXAMPLE_OPERATOR_NAMESPACE = "slogate-system"
-"""The namespace examples/smollm2.yaml's NetworkPolicy admits to the sidecars' admin port
-(the operator's threshold pushes); the suite installs the chart in RELEASE_NAMESPACE."""
-NAMESPACE_LABEL = "kubernetes.io/metadata.name"
 CLIENT_POD = "slogate-e2e-client"
 """A pod of the app namespace that sends requests through the Service (kubectl exec)."""
 SIDECAR_PORT_DEFAULTS = {"port": 8081, "adminPort": 8082}
@@ -114,31 +110,6 @@ class Example:
     def workload_documents(self) -> list[dict[str, Any]]:
         """Everything but the AdmissionPolicy: the workload as it runs before slogate."""
         return [d for d in self.documents if d["kind"] != "AdmissionPolicy"]
-
-    def for_release(self, release_namespace: str) -> Example:
-        """The example with its NetworkPolicy admitting the operator of `release_namespace`
-        to the admin port instead of EXAMPLE_OPERATOR_NAMESPACE's (as a user edits it).
-
-        A CNI that enforces NetworkPolicy (Calico, Cilium, kind's kindnet since kind 0.24) would
-        otherwise drop the operator's threshold pushes: the policy would never be Ready.
-        """
-        documents = copy.deepcopy(self.documents)
-        replaced = 0
-        for document in documents:
-            if document["kind"] != "NetworkPolicy":
-                continue
-            for rule in document["spec"].get("ingress") or ():
-                for peer in rule.get("from") or ():
-                    labels = (peer.get("namespaceSelector") or {}).get("matchLabels") or {}
-                    if labels.get(NAMESPACE_LABEL) == EXAMPLE_OPERATOR_NAMESPACE:
-                        labels[NAMESPACE_LABEL] = release_namespace
-                        replaced += 1
-        if replaced != 1:
-            raise ValueError(
-                f"examples/smollm2.yaml's NetworkPolicy should admit namespace {EXAMPLE_OPERATOR_NAMESPACE!r} (the "
-                f"operator's) exactly once to the admin port; found {replaced}: update e2e/suite.py"
-            )
-        return Example(documents)
 
     def with_images(self, replacements: dict[str, str]) -> Example:
         """The example with these images replaced in every container and init container (as a

@@ -47,6 +47,7 @@ from workload_state import (
     SIDECAR,
     WRITES,
     Availability,
+    assert_fenced,
     assert_handed_over,
     assert_llama_port_as_in_the_example,
     audit_mark,
@@ -149,6 +150,7 @@ class TestSlogateOnARealCluster:
             assert context["capabilities"]["drop"] == ["ALL"]
             assert_handed_over(pod, example)
         assert policy["status"]["thresholds"]["calibrationId"] == calibration["id"]
+        assert_fenced(kube, example, pods)
         # The Service's named targetPort now resolves to the gate's port, on every pod.
         wait_for_endpoints(kube, example, example.sidecar_port("port"), pods, "the gate's client port")
         served_by_the_gate(kube, example, calibration["id"])

@@ -295,7 +295,32 @@ def describe_policy(kube: Kube, example: Example) -> str:
     return f"{conditions_line(policy)}; pushed {pushed}"
 
 
-OWNED_KINDS = "jobs,pods,configmaps,secrets,horizontalpodautoscalers"
+def assert_fenced(kube: Kube, example: Example, pods: list[dict[str, Any]]) -> None:
+    """The operator's NetworkPolicy `<policy>-gate` as the real API server stored it: owned by
+    the policy, selecting every gated pod, the gate's port open, the admin port for the
+    release's operator pods and Prometheus only, llama-server's port in no rule. (The node's
+    CNI does not enforce it: what it blocks is evaluated in tests/unit/chart/test_network_policy.py.)"""
+    fence = kube.json("-n", APP_NAMESPACE, "get", "networkpolicy", f"{example.policy}-gate",
+                      hint=f"the operator keeps it (fence.py): {OPERATOR_LOGS}")  # fmt: skip
+    (owner,) = fence["metadata"]["ownerReferences"]
+    assert (owner["kind"], owner["name"]) == ("AdmissionPolicy", example.policy)
+    selector = fence["spec"]["podSelector"]["matchLabels"]
+    for pod in pods:
+        labels = pod["metadata"].get("labels") or {}
+        assert all(labels.get(k) == v for k, v in selector.items()), f"{pod['metadata']['name']} is not fenced"
+    client, admin = fence["spec"]["ingress"]
+    assert client["ports"][0] == {"port": example.sidecar_port("port"), "protocol": "TCP"}
+    assert "from" not in client
+    assert admin["ports"] == [{"port": example.sidecar_port("adminPort"), "protocol": "TCP"}]
+    operator, prometheus = admin["from"]
+    assert operator["namespaceSelector"]["matchLabels"] == {"kubernetes.io/metadata.name": RELEASE_NAMESPACE}
+    assert operator["podSelector"]["matchLabels"]["app.kubernetes.io/component"] == "operator"
+    assert prometheus["podSelector"]["matchLabels"] == {"app.kubernetes.io/name": "prometheus"}
+    opened = [p["port"] for rule in fence["spec"]["ingress"] for p in rule["ports"]]
+    assert example.llama_port not in opened, "llama-server's own port is open: a way past the gate"
+
+
+OWNED_KINDS = "jobs,pods,configmaps,secrets,horizontalpodautoscalers,networkpolicies"
 
 
 def owned_by_the_policy(kube: Kube, example: Example) -> set[str]:
@@ -330,7 +355,8 @@ def audit_mark(kube: Kube) -> int:
 
 
 def operator_calls(kube: Kube, *, since: int) -> list[dict[str, str]]:
-    """The operator's calls after `since` (its ServiceAccount's), as verb, resource, namespace, name."""
+    """The operator's calls after `since` (its ServiceAccount's), as verb, resource, namespace,
+    name and the source address (which operator pod)."""
     prefix = f"system:serviceaccount:{RELEASE_NAMESPACE}:"
     with audit_log(kube).open("rb") as log:
         log.seek(since)
@@ -343,7 +369,7 @@ def operator_calls(kube: Kube, *, since: int) -> list[dict[str, str]]:
         ref = event.get("objectRef") or {}
         resource = ref.get("resource", "") + (f"/{ref['subresource']}" if ref.get("subresource") else "")
         calls.append({"verb": event["verb"], "resource": resource, "namespace": ref.get("namespace", ""),
-                      "name": ref.get("name", "")})  # fmt: skip
+                      "name": ref.get("name", ""), "source": (event.get("sourceIPs") or ["?"])[0]})  # fmt: skip
     return calls
 
 

@@ -304,11 +304,6 @@ class Cluster:
         return [r for r in self.received()
                 if r.resource is not None and r.method == method and r.resource.plural == plural]  # fmt: skip
 
-    def created(self, plural: str) -> list[Call]:
-        """The POSTs on ``plural`` the server has answered 201 (stored): a call is recorded when it
-        arrives, so a counted POST may not be readable yet."""
-        return [c for c in self.calls("POST", plural) if c.status == 201]
-
     def verbs(self, exclude_agent: str = "") -> set[tuple[str, str, str]]:
         """(group, resource[/subresource], verb) of the API requests served so far, except
         those whose User-Agent starts with ``exclude_agent`` (this client's: urllib)."""

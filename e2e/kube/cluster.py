@@ -10,6 +10,7 @@ component a process of the binaries build-binaries.sh made from the official sou
   kubelet                   the node `slogate-node`, real probes, real cgroups (v1)
   kube-proxy                iptables mode: ClusterIPs in 198.19.0.0/16
   CoreDNS                   the cluster's DNS on 198.18.0.1:53 (cluster.local only: no forwarding)
+  kwok                      the kubelet of the fake nodes a test makes (kwok.py), pods on 127.0.0.0/8
 
 Why processes on this machine and not kind: kind's node containers are privileged, and this
 VM's capability bounding set lacks CAP_SYS_RESOURCE, so no privileged container starts here;
@@ -37,18 +38,19 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from control_plane import AUDIT_LOG, Binaries, ControlPlane, cache_dir, free_port, wait_for
+from kwok import Kwok
 from network import API_SERVICE_IP, HOST_IP, POD_CIDR, SERVICE_CIDR, Network, cni_config
 from pki import Pki
 from teardown import cgroup_processes, end_processes, kill_cgroup_processes, remove_cgroups, unmount_below
 
-__all__ = ["AUDIT_LOG", "Binaries", "Cluster", "built_images", "llama_server_image"]
+__all__ = ["AUDIT_LOG", "Binaries", "Cluster", "Kwok", "built_images", "llama_server_image"]
 NODE = "slogate-node"
 API_PORT = 6443
 KERNEL_TUNABLES = ("vm/overcommit_memory", "kernel/panic", "kernel/panic_on_oops")
 """What the kubelet sets on start (protectKernelDefaults off): saved and restored."""
 CGROUP_ROOTS = ("kubepods", "k8s.io")
-STOP_ORDER = ("coredns", "kube-proxy", "kubelet", "kube-scheduler", "kube-controller-manager", "kube-apiserver", "etcd",
-              "containerd", "containerd-shim-runc-v2")  # fmt: skip
+STOP_ORDER = ("kwok", "coredns", "kube-proxy", "kubelet", "kube-scheduler", "kube-controller-manager", "kube-apiserver",
+              "etcd", "containerd", "containerd-shim-runc-v2")  # fmt: skip
 """The node before the control plane, the runtime last; its containers are killed by cgroup."""
 
 
@@ -78,6 +80,8 @@ class Cluster:
 
     workdir: Path
     binaries: Binaries
+    kwok: Kwok | None = None
+    """Started last when given: the fake nodes' kubelet (the e2e suite always gives it)."""
     plane: ControlPlane = field(init=False)
 
     def __post_init__(self) -> None:
@@ -118,12 +122,28 @@ class Cluster:
             self._start_controllers()
             self._start_containerd(images or [])
             self._start_node()
+            if self.kwok is not None:
+                home = self.kwok.environment(self.workdir / "kwok")
+                self._spawn("kwok", self.kwok.argv(self.admin_kubeconfig), env=home)
+                self._wait_for_kwok()
         except BaseException:
             self.stop()
             raise
 
-    def _spawn(self, name: str, argv: list[str]) -> None:
-        self.plane.spawn(name, argv)
+    def _spawn(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> None:
+        self.plane.spawn(name, argv, env)
+
+    def _wait_for_kwok(self) -> None:
+        """kwok logs "Watch nodes" once it has read its Stages and its client is made; it exits
+        at once when its flags or Stages are wrong (the test waits for its nodes' Ready)."""
+        log = self.logs / "kwok.log"
+
+        def started() -> bool:
+            if self.plane.processes["kwok"].poll() is not None:
+                raise RuntimeError(f"kwok exited: {log.read_text(errors='replace')[-2000:]}")
+            return "Watch nodes" in log.read_text(errors="replace") if log.exists() else False
+
+        wait_for("kwok", started, timeout_s=60, log=log)
 
     # -- the controllers -----------------------------------------------------------------
 
@@ -301,7 +321,7 @@ def main(argv: list[str]) -> int:
     if len(argv) != 3 or argv[1] not in ("up", "down"):
         print(__doc__.split("\n\n")[-2])
         return 2
-    cluster = Cluster(Path(argv[2]).resolve(), Binaries.from_cache())
+    cluster = Cluster(Path(argv[2]).resolve(), Binaries.from_cache(), Kwok.from_cache())
     if argv[1] == "down":
         cluster.stop()
         shutil.rmtree(cluster.workdir, ignore_errors=True)

@@ -143,11 +143,11 @@ class ControlPlane:
         path.write_text(kubeconfig(pki, server=self.server, user=user, cert=pki.cert(cert), key=pki.key(cert)))
         return path
 
-    def spawn(self, name: str, argv: list[str]) -> None:
+    def spawn(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> None:
         self.logs.mkdir(parents=True, exist_ok=True)
         log = (self.logs / f"{name}.log").open("ab")
         self.processes[name] = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                                start_new_session=True)  # fmt: skip
+                                                start_new_session=True, env=env)  # fmt: skip
 
     def start(self) -> None:
         pki, b = self.pki, self.binaries

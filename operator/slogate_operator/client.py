@@ -54,6 +54,7 @@ SECRETS = Resource("", "v1", "secrets")
 EVENTS = Resource("", "v1", "events")
 SCALED_OBJECTS = Resource("keda.sh", "v1alpha1", "scaledobjects")
 HPAS = Resource("autoscaling", "v2", "horizontalpodautoscalers")
+NETWORK_POLICIES = Resource("networking.k8s.io", "v1", "networkpolicies")
 WEBHOOK_CONFIGURATIONS = Resource("admissionregistration.k8s.io", "v1", "mutatingwebhookconfigurations")
 
 

@@ -56,8 +56,9 @@ class Runtime:
     def push_settings(self) -> PushSettings:
         s = self.settings
         return PushSettings(
-            attempts=s.push_attempts, backoff_s=s.push_backoff_seconds, timeout_s=s.push_timeout_seconds
-        )
+            attempts=s.push_attempts, backoff_s=s.push_backoff_seconds, timeout_s=s.push_timeout_seconds,
+            retry_max_s=s.resync_seconds,
+        )  # fmt: skip
 
     def wakeup(self, namespace: str, name: str) -> asyncio.Event:
         """The event a policy's loop waits on between passes."""

@@ -91,6 +91,12 @@ def thresholds_configmap_name(policy: str) -> str:
     return name if len(name) <= 253 else f"{policy[:233].rstrip('.-')}-{short_hash(policy)}-thresholds"
 
 
+def network_policy_name(policy: str) -> str:
+    """The NetworkPolicy of the policy's gated pods (fence.py): ``<policy>-gate``."""
+    name = f"{policy}-gate"
+    return name if len(name) <= 253 else f"{policy[:239].rstrip('.-')}-{short_hash(policy)}-gate"
+
+
 KEDA_HPA_PREFIX = "keda-hpa-"
 """KEDA names the HPA it makes for a ScaledObject ``keda-hpa-<ScaledObject name>``."""
 

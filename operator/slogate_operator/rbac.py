@@ -42,6 +42,9 @@ PERMISSIONS: tuple[Permission, ...] = (
     Permission("", "secrets", ("create",), "the admin token Secret, once per namespace (a create names no object)"),
     Permission("", "secrets", ("get", "patch"), "the admin token Secret: read the token to push, add each policy "
                "as an owner; no other Secret", named_by="admin_token_secret"),
+    Permission("networking.k8s.io", "networkpolicies", ("get", "create", "patch", "delete"),
+               "each policy's NetworkPolicy <policy>-gate on its gated pods (admin port to the operator and "
+               "Prometheus only); deleted when network_policy is off"),
     Permission("keda.sh", "scaledobjects", ("list", "create", "patch", "delete"),
                "spec.autoscaling, engine keda: one ScaledObject per target, kept as the spec says, deleted when "
                "disabled or no longer targeted"),

@@ -1,8 +1,8 @@
 """One reconcile pass of one AdmissionPolicy: level-triggered and idempotent.
 
 Read the policy; validate its spec; find its Deployments and their llama.cpp
-container fingerprints; keep the admin token Secret and the thresholds ConfigMap;
-inject (or remove) the sidecar; calibrate when the fingerprint has no profile yet;
+container fingerprints; keep the admin token Secret, the thresholds ConfigMap and the
+gated pods' NetworkPolicy; inject (or remove) the sidecar; calibrate when the fingerprint has no profile yet;
 derive thresholds when the profile or the policy changed; push them to every running
 sidecar; write the status and post events for what went wrong. Every step reads
 the cluster as it is now, so running a pass twice changes nothing the second time,
@@ -21,7 +21,7 @@ from typing import Any
 from slogate_admission.derivation import DerivationError, derive_thresholds
 from slogate_admission.drain_token import drain_token
 from slogate_admission.schema import CalibrationProfile
-from slogate_operator import autoscalers, builders, gating, jobs, names, outcome, stores, targets
+from slogate_operator import autoscalers, builders, fence, gating, jobs, names, outcome, stores, targets
 from slogate_operator.calibration import JobState
 from slogate_operator.client import DEPLOYMENTS, PODS, POLICIES, ApiError
 from slogate_operator.context import Runtime
@@ -132,6 +132,10 @@ class Pass:
         # Claimed first, so no other policy calibrates or pushes to them; gated only once
         # thresholds exist (a sidecar without them could never become ready).
         drain = drain_token(token.encode())
+        # The fence stands before any pod rolls onto the gate (fence.py).
+        taken = await fence.keep(rt, policy, spec, scan.targets)
+        if taken is not None:
+            self.degraded.append(taken)
         await self.manage_targets(scan, gate=stored.thresholds is not None, drain=drain)
         key = self.calibration_key(scan)
         self.status["containerFingerprint"] = key

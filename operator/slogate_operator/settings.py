@@ -12,6 +12,7 @@ import ast
 import dataclasses
 import inspect
 import itertools
+import json
 import math
 import re
 from collections.abc import Mapping
@@ -20,6 +21,8 @@ from typing import Any
 
 ENV_PREFIX = "SLOGATE_OPERATOR_"
 DEFAULT_IMAGE = "slogate:0.1.0"
+PEER_KEYS = frozenset({"namespaceSelector", "podSelector", "ipBlock"})
+"""What a NetworkPolicy peer may name (``admin_peers``)."""
 
 
 class SettingsError(ValueError):
@@ -112,6 +115,16 @@ class OperatorSettings:
     webhook_settle_seconds: float = 2.0
     """Wait between writing a target's webhook entry and rolling its pods, so that every API
     server has read the entry before the first new pod is admitted."""
+    network_policy: bool = True
+    """Each policy that injects keeps a NetworkPolicy ``<policy>-gate`` on its gated pods: the
+    gate's client port and the other ports the pods declare open to everyone, the admin port
+    (threshold pushes, /metrics, the drain hook) to ``admin_peers`` only, llama-server's own
+    port closed, so no client gets past the gate. Takes effect where the CNI enforces
+    NetworkPolicy. False: none, and the operator deletes those it made."""
+    admin_peers: str = ""
+    """Who may reach the gated pods' admin port over the network: a JSON list of NetworkPolicy
+    peers (``namespaceSelector``, ``podSelector``, ``ipBlock``). The chart names its operator's
+    pods and Prometheus. Empty: no pod (the kubelet's drain hook comes from the node)."""
     metrics_port: int = 9090
     """Port of the operator's Prometheus /metrics; 0: none."""
     liveness_port: int = 8080
@@ -135,6 +148,7 @@ class OperatorSettings:
             if getattr(self, name) < 1:
                 raise SettingsError(f"{name} must be >= 1, got {getattr(self, name)!r}")
         self._check_webhook()
+        self._check_peers()
         for name in ("metrics_port", "liveness_port", "webhook_port"):
             if not 0 <= getattr(self, name) <= 65535:
                 raise SettingsError(f"{name} must be a port number or 0, got {getattr(self, name)!r}")
@@ -150,6 +164,24 @@ class OperatorSettings:
             raise SettingsError(f"prometheus_url must be an http(s) URL, got {self.prometheus_url!r}")
         if not self.standalone and not self.peering:
             raise SettingsError("peering must name a peering object unless standalone")
+
+    def peers(self) -> tuple[Mapping[str, Any], ...]:
+        """``admin_peers`` parsed (checked when the settings were made)."""
+        return tuple(json.loads(self.admin_peers)) if self.admin_peers.strip() else ()
+
+    def _check_peers(self) -> None:
+        if not self.admin_peers.strip():
+            return
+        try:
+            peers = json.loads(self.admin_peers)
+        except ValueError as error:
+            raise SettingsError(f"admin_peers must be JSON: {error}") from None
+        if not isinstance(peers, list) or not all(isinstance(p, dict) and p for p in peers):
+            raise SettingsError(f"admin_peers must be a JSON list of NetworkPolicy peers, got {self.admin_peers!r}")
+        for peer in peers:
+            unknown = set(peer) - PEER_KEYS
+            if unknown:
+                raise SettingsError(f"admin_peers: a peer names {sorted(PEER_KEYS)} only, not {sorted(unknown)}")
 
     def _check_webhook(self) -> None:
         if self.webhook_failure_policy not in ("Fail", "Ignore"):

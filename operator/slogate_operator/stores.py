@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import secrets
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -120,7 +121,7 @@ async def load_stored(client: KubeClient, policy: builders.PolicyRef) -> StoredC
     name = names.thresholds_configmap_name(policy.name)
     configmap = await client.get(CONFIGMAPS, policy.namespace, name)
     if configmap is not None and not _owned_by(configmap, policy):
-        if not _left_by_namesake(configmap, policy):
+        if not left_by_namesake(configmap, policy):
             raise DegradedError(
                 "ConfigMapNotOurs",
                 f"ConfigMap {policy.namespace}/{name} exists and was not made by the slogate operator for this "
@@ -144,8 +145,9 @@ def _owned_by(configmap: dict[str, Any], policy: builders.PolicyRef) -> bool:
     return [o.get("uid") for o in configmap["metadata"].get("ownerReferences") or ()] == [policy.uid]
 
 
-def _left_by_namesake(configmap: dict[str, Any], policy: builders.PolicyRef) -> bool:
-    """Made by us for a policy of this name, and owned by no other live kind of object."""
+def left_by_namesake(configmap: Mapping[str, Any], policy: builders.PolicyRef) -> bool:
+    """Made by us for a policy of this name, and owned by no other live kind of object (an
+    earlier policy of the same name, deleted and created again before garbage collection ran)."""
     labels = configmap["metadata"].get("labels") or {}
     ours = labels.get(names.LABEL_MANAGED_BY) == names.MANAGED_BY and labels.get(
         names.LABEL_POLICY

@@ -99,3 +99,23 @@ fsGroup: 65532
 seccompProfile:
   type: RuntimeDefault
 {{- end }}
+
+{{/*
+Who may reach the gated pods' admin port (the operator's admin_peers, a JSON list of
+NetworkPolicy peers): this release's operator pods, Prometheus unless
+networkPolicy.prometheus.enabled is false, and networkPolicy.extraAdminPeers. The operator writes them into each policy's
+NetworkPolicy (slogate_operator/fence.py).
+*/}}
+{{- define "slogate.adminPeers" -}}
+{{- $operator := dict
+      "namespaceSelector" (dict "matchLabels" (dict "kubernetes.io/metadata.name" .Release.Namespace))
+      "podSelector" (dict "matchLabels" (include "slogate.operatorSelectorLabels" . | fromYaml)) -}}
+{{- $peers := list $operator -}}
+{{- with .Values.networkPolicy.prometheus }}
+{{- if .enabled }}
+{{- $peers = append $peers (dict "namespaceSelector" .namespaceSelector "podSelector" (.podSelector | default dict)) -}}
+{{- end }}
+{{- end }}
+{{- $peers = concat $peers .Values.networkPolicy.extraAdminPeers -}}
+{{- toJson $peers -}}
+{{- end }}

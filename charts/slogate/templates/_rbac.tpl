@@ -40,6 +40,10 @@ namespace globs, which values.schema.json does not accept.)
   resources: ["secrets"]
   resourceNames: [{{ .Values.operator.adminTokenSecretName | quote }}]
   verbs: ["get", "patch"]
+# Each policy's NetworkPolicy <policy>-gate on its gated pods (operator.networkPolicy).
+- apiGroups: ["networking.k8s.io"]
+  resources: ["networkpolicies"]
+  verbs: ["get", "create", "patch", "delete"]
 # spec.autoscaling: one KEDA ScaledObject (engine keda) or HPA (engine hpa) per target, kept as
 # the spec says and deleted when disabled; the HPA's desired and current replicas read back
 # (KEDA's own HPA for a ScaledObject). Never the Deployment's replicas: the HPA controller writes those.

@@ -62,8 +62,6 @@ def test_objects_are_named_for_the_release_and_land_in_its_namespace(
             assert namespace is None, o.kind
         elif o.kind in {"Role", "RoleBinding", "KopfPeering"}:
             assert namespace in watched, (o.kind, namespace)
-        elif o.kind == "NetworkPolicy":  # in the gated workloads' namespaces (test_network_policy.py)
-            assert namespace in (values["networkPolicy"].get("namespaces") or watched), (o.kind, namespace)
         elif o.kind == "ConfigMap" and o.name.endswith("-dashboard"):
             assert namespace in {NAMESPACE, values.get("monitoring", {}).get("dashboard", {}).get("namespace")}
         else:

@@ -100,8 +100,8 @@ def example() -> Any:
 def test_the_example_serves_through_the_port_name_the_gate_takes_over() -> None:
     """What the suite's steps rely on: the Service targets llama-server's port by name (so it
     reaches llama-server before the first calibration and after removal, the gate between),
-    llama-server listens beyond loopback (else nothing answers without the gate), and the
-    NetworkPolicy admits clients to that name only and the admin port to named namespaces."""
+    and llama-server listens beyond loopback (else nothing answers without the gate). The
+    example has no NetworkPolicy of its own: the operator keeps one on the gated pods."""
     found = example()
     assert found.target_port == "http"
     assert found.llama_port == 8080
@@ -111,36 +111,7 @@ def test_the_example_serves_through_the_port_name_the_gate_takes_over() -> None:
     args = found.llama_spec["args"]
     assert args[args.index("--host") + 1] == "0.0.0.0"
     assert args[args.index("--port") + 1] == str(found.llama_port)
-    assert [d["kind"] for d in found.workload_documents] == ["Deployment", "Service", "NetworkPolicy"]
-    client, admin = found.one("NetworkPolicy")["spec"]["ingress"]
-    assert client == {"ports": [{"port": found.target_port, "protocol": "TCP"}]}  # from everyone, by name
-    assert admin["ports"] == [{"port": "slogate-admin", "protocol": "TCP"}]
-    assert all(set(peer) == {"namespaceSelector"} for peer in admin["from"])
-    selector = found.one("NetworkPolicy")["spec"]["podSelector"]
-    labels = found.one("Deployment")["spec"]["template"]["metadata"]["labels"]
-    assert all(labels.get(k) == v for k, v in selector["matchLabels"].items())
-
-
-def test_the_example_s_network_policy_admits_the_operator_of_the_suite_s_release() -> None:
-    def admitted_namespaces(of: Any) -> list[list[str]]:
-        rules = of.one("NetworkPolicy")["spec"]["ingress"]
-        return [
-            [p["namespaceSelector"]["matchLabels"][suite.NAMESPACE_LABEL] for p in r.get("from", [])] for r in rules
-        ]
-
-    original = example()
-    adapted = original.for_release(suite.RELEASE_NAMESPACE)
-    assert admitted_namespaces(original) == [[], [suite.EXAMPLE_OPERATOR_NAMESPACE, "monitoring"]]
-    assert admitted_namespaces(adapted) == [[], [suite.RELEASE_NAMESPACE, "monitoring"]]
-    # Nothing else changes, and the example itself is not modified.
-    assert [d for d in adapted.documents if d["kind"] != "NetworkPolicy"] == [
-        d for d in original.documents if d["kind"] != "NetworkPolicy"
-    ]
-    assert example().documents == original.documents
-    moved = original.for_release("elsewhere")
-    assert admitted_namespaces(moved) == [[], ["elsewhere", "monitoring"]]
-    with pytest.raises(ValueError, match="exactly once"):
-        moved.for_release("again")  # it names the example's operator namespace no more
+    assert [d["kind"] for d in found.workload_documents] == ["Deployment", "Service"]
 
 
 def test_model_image_puts_the_gguf_where_the_example_copies_it_from() -> None:

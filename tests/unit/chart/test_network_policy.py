@@ -1,12 +1,12 @@
-"""The optional NetworkPolicy: off unless asked for; when on, valid for Kubernetes, it selects
-the pods the operator really injects, their admin port admits the operator and Prometheus
-only, the gate's client port stays open to everyone under whichever name the sidecar took
-over from llama-server's port (networkPolicy.clientPorts), and llama-server's own port,
-nameless while the gate is in, admits nobody.
+"""The NetworkPolicy the operator keeps on each policy's gated pods (fence.py), with the
+admin peers the chart gives it: on by default; valid for Kubernetes; it selects the pods the
+webhook really injects; their admin port admits this release's operator and Prometheus only;
+the gate's client port (whatever its name) and the other ports the pods declare stay open to
+everyone; llama-server's own port admits nobody.
 
-Who may connect is decided by evaluating the rendered policy as the API defines it (peers,
-selectors, named ports) against the pod the operator's own injection builds, not by
-comparing it with a copy of the template.
+Who may connect is decided by evaluating the policy as the API defines it (peers, selectors,
+ports) against the pod the operator's own injection builds, not by comparing it with a copy.
+The operator keeping it on a real API server: tests/unit/operator/test_operator_fence.py.
 """
 
 from __future__ import annotations
@@ -21,21 +21,19 @@ import kubernetes_validate
 import pytest
 from chart_tools import CHART, CI_VALUES, NAMESPACE, load_values, one, render
 
-from manifests import llama_deployment
-from slogate_operator import names
+from manifests import admission_policy, llama_deployment
+from slogate_operator import builders, fence, names, targets
 from slogate_operator.injection import SidecarConfig, injected_template, removed_template
+from slogate_operator.settings import ENV_PREFIX, OperatorSettings
+from slogate_operator.spec import parse_spec
 
 CI_FILE = CHART / "ci" / "network-policy-values.yaml"
-NAMESPACED = {
-    "networkPolicy": {"enabled": True},
-    "operator": {"watch": {"allNamespaces": False, "namespaces": ["llm", "llm-batch"]}},
-}
 KUBERNETES_VERSIONS = ("1.29.0", "1.32.0", "1.35.0")
 SIDECAR = SidecarConfig(
     policy="smollm2", image="slogate:0.1.0", port=8081, admin_port=8082,
     upstream_port=8080, prompt_counting="tokenize", token_secret="slogate-admin-token", llama_container="llama",
 )  # fmt: skip
-DEFAULT_CLIENT_PORTS = ["http", "slogate"]
+POLICY = builders.PolicyRef(name="smollm2", namespace="llm", uid="0f1e2d3c-0000-4000-8000-000000000001")
 
 
 @dataclass(frozen=True)
@@ -107,8 +105,20 @@ def admits(policy: Mapping[str, Any], peer: Peer, container_port: Mapping[str, A
     return False
 
 
-def network_policies(values: dict[str, Any]) -> list[dict[str, Any]]:
-    return [o.obj for o in render(values) if o.kind == "NetworkPolicy"]
+def operator_settings(values: dict[str, Any]) -> OperatorSettings:
+    """The settings the operator the chart renders starts with (its SLOGATE_OPERATOR_* env)."""
+    deployment = one(render(values), "Deployment", "-operator").obj
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    env = {e["name"]: e["value"] for e in container["env"] if e["name"].startswith(ENV_PREFIX) and "value" in e}
+    return OperatorSettings.from_env(env)
+
+
+def fence_of(values: dict[str, Any], deployment: dict[str, Any] | None = None, **sidecar: int) -> dict[str, Any]:
+    """The NetworkPolicy the operator rendered by ``values`` keeps for a policy of that Deployment."""
+    spec = parse_spec(admission_policy(**({"sidecar": sidecar} if sidecar else {}))["spec"])
+    scan = targets.scan(POLICY.name, spec, [deployment or llama_deployment()], None)
+    assert scan.targets, scan.problems
+    return fence.fence(POLICY, spec, scan.targets, operator_settings(values).peers())
 
 
 @dataclass(frozen=True)
@@ -181,53 +191,35 @@ def everyone(values: dict[str, Any]) -> list[Peer]:
 
 
 @pytest.mark.parametrize("values_file", [None, *CI_VALUES], ids=lambda p: p.name if p else "default")
-def test_rendered_only_when_enabled(values_file: Any) -> None:
+def test_on_by_default_and_the_chart_renders_none_itself(values_file: Any) -> None:
     values = load_values(values_file) if values_file else {}
-    enabled = values.get("networkPolicy", {}).get("enabled", False)
-    policies = network_policies(values)
-    if enabled:
-        assert [p["metadata"]["namespace"] for p in policies] == values["networkPolicy"]["namespaces"]
-    else:
-        assert policies == []
-    assert CI_FILE in CI_VALUES  # the ci/ file that turns it on is among those rendered
+    settings = operator_settings(values)
+    assert settings.network_policy is values.get("networkPolicy", {}).get("enabled", True)
+    assert [o for o in render(values) if o.kind == "NetworkPolicy"] == []  # the operator's, per policy
+    assert CI_FILE in CI_VALUES  # the ci/ file with its own Prometheus peers is among those rendered
 
 
-def test_namespaced_operator_gets_one_policy_per_watched_namespace() -> None:
-    policies = network_policies(NAMESPACED)
-    assert [p["metadata"]["namespace"] for p in policies] == ["llm", "llm-batch"]
-    assert {p["metadata"]["name"] for p in policies} == {"slogate-sidecar-admin"}
-    # An explicit list wins over the watched namespaces.
-    chosen = network_policies(NAMESPACED | {"networkPolicy": {"enabled": True, "namespaces": ["llm"]}})
-    assert [p["metadata"]["namespace"] for p in chosen] == ["llm"]
+def test_off_on_request() -> None:
+    assert operator_settings({}).network_policy is True
+    assert operator_settings({"networkPolicy": {"enabled": False}}).network_policy is False
 
 
-def test_cluster_wide_operator_needs_the_namespaces_listed() -> None:
-    """One policy in the release namespace would protect nothing: the chart refuses."""
-    with pytest.raises(helm_python.HelmError, match=r"networkPolicy\.namespaces must list"):
-        render({"networkPolicy": {"enabled": True}})
-
-
-VARIANTS = {
+VARIANTS: dict[str, dict[str, Any]] = {
+    "default": {},
     "ci file": load_values(CI_FILE),
-    "namespaced": NAMESPACED,
-    "without prometheus": NAMESPACED | {"networkPolicy": {"enabled": True, "prometheus": {"enabled": False}}},
-    "every pod of the monitoring namespace": NAMESPACED
-    | {"networkPolicy": {"enabled": True, "prometheus": {"podSelector": {"matchLabels": None}}}},
-    # A name YAML would read as a number unquoted: it must stay a name.
-    "own client port names": NAMESPACED | {"networkPolicy": {"enabled": True, "clientPorts": ["api", "1e3"]}},
+    "without prometheus": {"networkPolicy": {"prometheus": {"enabled": False}}},
+    "every pod of the monitoring namespace": {"networkPolicy": {"prometheus": {"podSelector": {"matchLabels": None}}}},
 }
 
 
 @pytest.mark.parametrize("version", KUBERNETES_VERSIONS)
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_network_policy_validates_strictly(variant: str, version: str) -> None:
-    policies = network_policies(VARIANTS[variant])
-    assert policies
-    for policy in policies:
-        try:
-            kubernetes_validate.validate(policy, version, strict=True)
-        except kubernetes_validate.ValidationError as error:
-            pytest.fail(f"NetworkPolicy in {policy['metadata']['namespace']} invalid for {version}: {error.message}")
+    policy = fence_of(VARIANTS[variant])
+    try:
+        kubernetes_validate.validate(policy, version, strict=True)
+    except kubernetes_validate.ValidationError as error:
+        pytest.fail(f"NetworkPolicy invalid for {version}: {error.message}")
 
 
 def test_values_schema_refuses_an_open_prometheus_peer_and_typos() -> None:
@@ -236,7 +228,7 @@ def test_values_schema_refuses_an_open_prometheus_peer_and_typos() -> None:
         {"networkPolicy": {"prometheus": {"namespaceSelector": {"matchLabels": None}}}},
         {"networkPolicy": {"prometheus": {"namespaceSelector": {"matchLabels": None, "matchExpressions": []}}}},
         {"networkPolicy": {"enabeld": True}},
-        {"networkPolicy": {"namespaces": ["Not_A_Namespace"]}},
+        {"networkPolicy": {"clientPorts": ["http"]}},  # the operator knows the gate's port: no such value
         {"networkPolicy": {"prometheus": {"podSelector": {"matchExpressions": [{"key": "a", "operator": "Is"}]}}}},
     ]
     for values in bad:
@@ -244,52 +236,11 @@ def test_values_schema_refuses_an_open_prometheus_peer_and_typos() -> None:
             render(values)
 
 
-@pytest.mark.parametrize(
-    "client_ports",
-    [
-        [],  # a rule without ports would open every port, the admin port included
-        ["slogate-admin"],  # the admin port for everyone
-        ["http", "http"],
-        ["HTTP"],
-        ["my_port"],
-        ["my--port"],
-        ["-http"],
-        ["http-"],
-        ["8080"],  # no letter: a number, not a name
-        ["a-sixteen-chars-"],
-        ["abcdefghijklmnop"],  # 16 characters
-        [""],
-        [8081],
-        "http",
-    ],
-    ids=repr,
-)
-def test_client_ports_must_be_port_names(client_ports: Any) -> None:
-    """Each entry is an IANA_SVC_NAME (what a container port's name must be), never the admin port."""
-    with pytest.raises(helm_python.HelmError, match=r"(?s)schema.*at '/networkPolicy/clientPorts"):
-        render(NAMESPACED | {"networkPolicy": {"enabled": True, "clientPorts": client_ports}})
-
-
-def test_client_ports_render_one_entry_each_and_default_to_http_and_slogate() -> None:
-    for values, wanted in [
-        (NAMESPACED, DEFAULT_CLIENT_PORTS),
-        (load_values(CI_FILE), DEFAULT_CLIENT_PORTS),
-        (VARIANTS["own client port names"], ["api", "1e3"]),
-        (NAMESPACED | {"networkPolicy": {"enabled": True, "clientPorts": ["abcdefghijklmno", "a1-b2"]}},
-         ["abcdefghijklmno", "a1-b2"]),
-    ]:  # fmt: skip
-        for policy in network_policies(values):
-            client, _admin = policy["spec"]["ingress"]
-            assert "from" not in client  # from everyone
-            assert client["ports"] == [{"port": name, "protocol": "TCP"} for name in wanted]
-    assert load_values(CHART / "values.yaml")["networkPolicy"]["clientPorts"] == DEFAULT_CLIENT_PORTS
-
-
 # ------------------------------------------------------------------------------ who gets in
 
 
 def test_selects_exactly_the_pods_the_operator_injects() -> None:
-    (policy, *_) = network_policies(NAMESPACED)
+    policy = fence_of({})
     selector = policy["spec"]["podSelector"]
     template = llama_deployment()["spec"]["template"]
     injected = injected_template(template, SIDECAR)
@@ -299,26 +250,26 @@ def test_selects_exactly_the_pods_the_operator_injects() -> None:
     assert not selects(selector, template["metadata"]["labels"])
     assert not selects(selector, removed_template(injected)["metadata"]["labels"])
     # The key is the operator's own constant (and the PodMonitor's), so they cannot drift.
-    assert [e["key"] for e in selector["matchExpressions"]] == [names.LABEL_POLICY]
+    assert list(selector["matchLabels"]) == [names.LABEL_POLICY]
     assert policy["spec"]["policyTypes"] == ["Ingress"]  # egress is left alone
+    assert policy["metadata"]["ownerReferences"] == [POLICY.owner_reference()]  # goes with the policy
 
 
-@pytest.mark.parametrize("variant", ["ci file", "namespaced"])
+@pytest.mark.parametrize("variant", ["default", "ci file"])
 def test_admin_port_admits_the_operator_and_prometheus_only(variant: str) -> None:
     values = VARIANTS[variant]
     admin = gated_pod().admin
     assert admin["name"] == names.ADMIN_PORT_NAME
-    operator = operator_peer(values)
-    for policy in network_policies(values):
-        assert admits(policy, operator, admin)
-        assert admits(policy, PROMETHEUS, admin)
-        for who, stranger in STRANGERS.items():
-            assert not admits(policy, stranger, admin), who
-        assert not admits(policy, ANYWHERE, admin)
+    policy = fence_of(values)
+    assert admits(policy, operator_peer(values), admin)
+    assert admits(policy, PROMETHEUS, admin)
+    for who, stranger in STRANGERS.items():
+        assert not admits(policy, stranger, admin), who
+    assert not admits(policy, ANYWHERE, admin)
 
 
 def test_admin_rule_names_only_operator_and_prometheus_peers() -> None:
-    (policy, *_) = network_policies(load_values(CI_FILE))
+    policy = fence_of(load_values(CI_FILE))
     admin = gated_pod().admin
     covering = [r for r in policy["spec"]["ingress"] if any(port_matches(p, admin) for p in r.get("ports") or [{}])]
     (rule,) = covering
@@ -338,70 +289,77 @@ def test_admin_rule_names_only_operator_and_prometheus_peers() -> None:
 def test_without_prometheus_only_the_operator_reaches_the_admin_port() -> None:
     values = VARIANTS["without prometheus"]
     admin = gated_pod().admin
-    for policy in network_policies(values):
-        assert admits(policy, operator_peer(values), admin)
-        assert not admits(policy, PROMETHEUS, admin)
+    policy = fence_of(values)
+    assert admits(policy, operator_peer(values), admin)
+    assert not admits(policy, PROMETHEUS, admin)
 
 
 def test_every_pod_of_the_monitoring_namespace_when_the_pod_selector_is_empty() -> None:
-    values = VARIANTS["every pod of the monitoring namespace"]
+    policy = fence_of(VARIANTS["every pod of the monitoring namespace"])
     admin = gated_pod().admin
-    for policy in network_policies(values):
-        assert admits(policy, STRANGERS["another pod of the monitoring namespace"], admin)
-        assert not admits(policy, STRANGERS["prometheus labels outside the monitoring namespace"], admin)
+    assert admits(policy, STRANGERS["another pod of the monitoring namespace"], admin)
+    assert not admits(policy, STRANGERS["prometheus labels outside the monitoring namespace"], admin)
 
 
-@pytest.mark.parametrize("variant", ["ci file", "namespaced", "without prometheus"])
+def test_without_peers_nobody_reaches_the_admin_port() -> None:
+    """No peers (an operator run without the chart): no admin rule at all; a rule without
+    `from` would have admitted everyone."""
+    spec = parse_spec(admission_policy()["spec"])
+    scan = targets.scan(POLICY.name, spec, [llama_deployment()], None)
+    policy = fence.fence(POLICY, spec, scan.targets, OperatorSettings().peers())
+    pod = gated_pod()
+    assert [admits(policy, peer, pod.admin) for peer in everyone({})] == [False] * len(everyone({}))
+    assert admits(policy, ANYWHERE, pod.gate)
+
+
+@pytest.mark.parametrize("variant", ["default", "ci file", "without prometheus"])
 @pytest.mark.parametrize(
     ("llama_port_name", "gate_name"),
-    [("http", "http"), (None, names.CLIENT_PORT_NAME)],
-    ids=["llama port named http: handed over", "llama port without a name: slogate"],
+    [("http", "http"), ("api", "api"), (None, names.CLIENT_PORT_NAME)],
+    ids=["llama port named http", "llama port named api", "llama port without a name: slogate"],
 )
 def test_clients_reach_the_gate_and_nobody_reaches_llama_server(
     variant: str, llama_port_name: str | None, gate_name: str
 ) -> None:
-    """Everyone reaches the gate's client port under the name it carries; llama-server's
-    own port (8080, nameless while gated) admits nobody, not even the operator."""
+    """Everyone reaches the gate's client port whatever name it took over; llama-server's own
+    port (8080, nameless while gated) admits nobody, not even the operator."""
     values = VARIANTS[variant]
     pod = gated_pod(llama_port_name)
     assert pod.gate["name"] == gate_name
     assert "name" not in pod.llama  # the name went to the gate (or there was none)
-    for policy in network_policies(values):
-        for peer in everyone(values):
-            assert admits(policy, peer, pod.gate), peer
-            assert not admits(policy, peer, pod.llama), peer
-        # A policy with its own spec.sidecar.port and adminPort: the port names hold.
-        moved = gated_pod(llama_port_name, replace(SIDECAR, port=9000, admin_port=9001))
-        assert moved.gate["containerPort"] == 9000
-        assert admits(policy, ANYWHERE, moved.gate)
-        assert not admits(policy, ANYWHERE, moved.llama)
-        assert not admits(policy, STRANGERS["a pod beside the gated one"], moved.admin)
-        assert admits(policy, operator_peer(values), moved.admin)
+    policy = fence_of(values)
+    for peer in everyone(values):
+        assert admits(policy, peer, pod.gate), peer
+        assert not admits(policy, peer, pod.llama), peer
+    # A policy with its own spec.sidecar.port and adminPort: the fence follows the numbers.
+    moved = gated_pod(llama_port_name, replace(SIDECAR, port=9000, admin_port=9001))
+    policy = fence_of(values, port=9000, adminPort=9001)
+    assert admits(policy, ANYWHERE, moved.gate)
+    assert not admits(policy, ANYWHERE, moved.llama)
+    assert not admits(policy, STRANGERS["a pod beside the gated one"], moved.admin)
+    assert admits(policy, operator_peer(values), moved.admin)
 
 
-def test_a_llama_port_named_otherwise_needs_its_name_in_client_ports() -> None:
-    """The gate's port carries llama-server's port name: a name not listed is closed, so
-    clientPorts must list it; the listed names are the only ones opened."""
-    pod = gated_pod("api")
-    assert pod.gate["name"] == "api"
-    for policy in network_policies(NAMESPACED):
-        assert not admits(policy, ANYWHERE, pod.gate)
-    values = VARIANTS["own client port names"]
-    for policy in network_policies(values):
-        assert admits(policy, ANYWHERE, pod.gate)
-        assert not admits(policy, ANYWHERE, pod.llama)
-        assert not admits(policy, ANYWHERE, gated_pod("http").gate)  # not listed any more
-        assert not admits(policy, ANYWHERE, pod.admin)
-        assert admits(policy, operator_peer(values), pod.admin)
+def test_the_pods_other_ports_stay_open_as_without_slogate() -> None:
+    """A container of the user's beside llama-server (an exporter on 9100): its port is
+    admitted from everyone, as before the gate; llama-server's served port is not."""
+    deployment = llama_deployment()
+    exporter = {"name": "exporter", "image": "exporter:1", "ports": [{"name": "metrics", "containerPort": 9100}]}
+    deployment["spec"]["template"]["spec"]["containers"].append(exporter)
+    policy = fence_of({}, deployment)
+    pod = gated_pod()
+    assert admits(policy, ANYWHERE, {"name": "metrics", "containerPort": 9100, "protocol": "TCP"})
+    assert not admits(policy, ANYWHERE, pod.llama)
+    assert not admits(policy, ANYWHERE, pod.admin)
 
 
 def test_the_evaluation_catches_a_policy_that_lets_strangers_in() -> None:
-    """The checks above can fail: loosen the rendered policy and a stranger gets through."""
-    (policy, *_) = network_policies(NAMESPACED)
+    """The checks above can fail: loosen the policy and a stranger gets through."""
+    policy = fence_of({})
     pod = gated_pod()
     no_namespace = copy.deepcopy(policy)
     del no_namespace["spec"]["ingress"][1]["from"][0]["namespaceSelector"]
-    leaky = Peer(policy["metadata"]["namespace"], operator_peer(NAMESPACED).labels)
+    leaky = Peer(policy["metadata"]["namespace"], operator_peer({}).labels)
     assert admits(no_namespace, leaky, pod.admin)
     assert not admits(policy, leaky, pod.admin)
     open_admin = copy.deepcopy(policy)
@@ -416,3 +374,19 @@ def test_the_evaluation_catches_a_policy_that_lets_strangers_in() -> None:
     by_number["spec"]["ingress"][0]["ports"].append({"port": 8080, "protocol": "TCP"})
     assert admits(by_number, STRANGERS["a pod beside the gated one"], pod.llama)
     assert not admits(policy, STRANGERS["a pod beside the gated one"], pod.llama)
+
+
+def test_extra_admin_peers_are_admitted_and_an_open_one_refused() -> None:
+    """An endpoint picker that reads the gates' state (docs/routing.md) joins the admin port's
+    peers; a peer with an empty selector (every namespace, every pod) is refused."""
+    picker = Peer("llm-d", {"app": "epp"})
+    values = {"networkPolicy": {"extraAdminPeers": [{"namespaceSelector": {"matchLabels": {
+        "kubernetes.io/metadata.name": "llm-d"}}, "podSelector": {"matchLabels": {"app": "epp"}}}]}}  # fmt: skip
+    admin = gated_pod().admin
+    assert not admits(fence_of({}), picker, admin)
+    assert admits(fence_of(values), picker, admin)
+    assert admits(fence_of(values), operator_peer(values), admin)
+    assert not admits(fence_of(values), STRANGERS["a pod beside the gated one"], admin)
+    for open_peer in ({}, {"namespaceSelector": {}}, {"podSelector": {}}, {"ipBlock": {"cidr": "0.0.0.0/0"}}):
+        with pytest.raises(helm_python.HelmError, match="schema"):
+            render({"networkPolicy": {"extraAdminPeers": [open_peer]}})

@@ -30,6 +30,8 @@ DEDICATED = {
     "webhook_failure_policy": "operator.webhook.failurePolicy",
     "webhook_service": "operator.webhook",
     "webhook_configuration": "operator.webhook",
+    "network_policy": "networkPolicy.enabled",
+    "admin_peers": "networkPolicy.prometheus",
 }
 """Settings the chart depends on itself, each from a value of its own."""
 LEFT_OUT = {"standalone", "priority", "kube_api", "webhook_url", "webhook_address"}

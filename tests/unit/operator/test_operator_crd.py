@@ -110,7 +110,7 @@ def test_every_example_file_has_a_policy_and_smollm2_has_the_full_set() -> None:
     files = {name.split(":")[0] for name, _ in EXAMPLE_POLICIES}
     assert files == {p.name for p in EXAMPLES.glob("*.yaml")}
     full = yaml.safe_load_all((EXAMPLES / "smollm2.yaml").read_text())
-    assert {d["kind"] for d in full} == {"Deployment", "Service", "NetworkPolicy", "AdmissionPolicy"}
+    assert {d["kind"] for d in full} == {"Deployment", "Service", "AdmissionPolicy"}
 
 
 @pytest.mark.parametrize(("name", "policy"), EXAMPLE_POLICIES, ids=[n for n, _ in EXAMPLE_POLICIES])

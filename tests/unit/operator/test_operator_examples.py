@@ -28,7 +28,6 @@ COLLECTIONS = {
     "Deployment": DEPLOYMENTS,
     "AdmissionPolicy": POLICIES,
     "Service": "/api/v1/namespaces/{ns}/services",
-    "NetworkPolicy": "/apis/networking.k8s.io/v1/namespaces/{ns}/networkpolicies",
 }
 
 

@@ -175,6 +175,9 @@ def test_a_policy_created_again_adopts_its_configmap(cluster: Cluster, operator:
     assert len(owners) == 1
     eventually(lambda: status_of(cluster, "Ready") == "True")
     assert len(cluster.calls("POST", "jobs")) == 1  # same container, same profile: not measured again
+    # The gated pods' NetworkPolicy too (fence.py): adopted, not reported as another's.
+    fence = cluster.get("/apis/networking.k8s.io/v1/namespaces/{ns}/networkpolicies", "smollm2-gate")
+    assert [o["uid"] for o in fence["metadata"]["ownerReferences"]] == [new_uid]
 
 
 def test_a_policy_change_rederives_without_measuring_again(cluster: Cluster, operator: KopfRunner) -> None:

@@ -3,6 +3,7 @@ status schema, settings from the environment, push eligibility."""
 
 from __future__ import annotations
 
+import re
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -181,6 +182,25 @@ def test_settings_from_the_environment_and_refusals() -> None:
     rows = OperatorSettings.environment_variables()
     assert len(rows) == len(OperatorSettings.__dataclass_fields__)
     assert all(doc for _, _, doc in rows)  # every setting is documented in its docstring
+
+
+@pytest.mark.parametrize(
+    ("peers", "said"),
+    [
+        ("{not json", "must be JSON"),
+        ('{"podSelector": {}}', "JSON list"),  # one peer, not a list of them
+        ("[{}]", "JSON list"),  # an empty peer is every pod of the cluster
+        ('[{"podSelector": {}, "ports": [8082]}]', "not ['ports']"),
+    ],
+)
+def test_admin_peers_are_a_list_of_network_policy_peers(peers: str, said: str) -> None:
+    with pytest.raises(SettingsError, match=re.escape(said)):
+        OperatorSettings.from_env({"SLOGATE_OPERATOR_ADMIN_PEERS": peers})
+    good = '[{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "ops"}}}]'
+    assert OperatorSettings.from_env({"SLOGATE_OPERATOR_ADMIN_PEERS": good}).peers() == (
+        {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "ops"}}},
+    )
+    assert OperatorSettings().peers() == ()
 
 
 def running_pod(name: str, ip: str | None, *, sidecar: str = "running", phase: str = "Running") -> dict[str, Any]:
