@@ -21,6 +21,7 @@ from __future__ import annotations
 import subprocess
 import tempfile
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -146,6 +147,36 @@ def rollouts(kube: Kube, example: Example) -> tuple[int, set[str]]:
     return revision(deployment_of(kube, example)), replica_sets(kube, example)
 
 
+@dataclass
+class Upgraded:
+    """What one `helm upgrade` did to the target: its pods once settled, and its rollouts."""
+
+    pods: list[dict[str, Any]]
+    revisions: tuple[int, int]
+    """The Deployment's revision before and after: one apart for one rollout."""
+    new_sets: set[str]
+    patches: list[dict[str, str]]
+    availability: Availability
+
+
+def upgrade(kube: Kube, example: Example, release: Release, *, template_injected: bool, what: str) -> Upgraded:
+    """`helm upgrade` to `release`, then wait until its operator has settled the target (`what`)."""
+    revision_before, sets_before = rollouts(kube, example)
+    mark = audit_mark(kube)
+    availability = Availability(kube, example)
+    helm_upgrade(kube, release)
+    pods = wait_until(
+        what,
+        availability.watching(lambda: settled(kube, example, release.image, template_injected=template_injected)),
+        timeout_s=seconds(900),
+        hint=f"kubectl -n {APP_NAMESPACE} get deployment {example.deployment} -o yaml; {OPERATOR_LOGS}",
+        describe=lambda: f"{describe_policy(kube, example)}; operator images {operator_images(kube)}",
+    )
+    revision_after, sets_after = rollouts(kube, example)
+    return Upgraded(pods, (revision_before, revision_after), sets_after - sets_before,
+                    deployment_patches(kube, example, since=mark), availability)  # fmt: skip
+
+
 class TestAnOperatorUpgradeAcrossTwoVersions:
     def test_the_current_release_gates_the_workload_at_admission(self, kube: Kube, gated: Example) -> None:
         example = gated
@@ -178,25 +209,15 @@ class TestAnOperatorUpgradeAcrossTwoVersions:
         goes with the rollback, and the previous operator puts the sidecar into the template."""
         example = gated
         previous = Observed.previous
-        revision_before, sets_before = rollouts(kube, example)
-        mark = audit_mark(kube)
-        availability = Availability(kube, example)
-        helm_upgrade(kube, previous)
+        done = upgrade(kube, example, previous, template_injected=True, what=f"the previous release "
+                       f"({previous.image}) took over: the sidecar in the template, pods rolled, Ready")  # fmt: skip
         assert webhook_entries(kube) is None, "the rollback left the webhook configuration (no release serves it)"
-        pods = wait_until(
-            f"the previous release ({previous.image}) took over: the sidecar in the template, pods rolled, Ready",
-            availability.watching(lambda: settled(kube, example, previous.image, template_injected=True)),
-            timeout_s=seconds(900),
-            hint=f"kubectl -n {APP_NAMESPACE} get deployment {example.deployment} -o yaml; {OPERATOR_LOGS}",
-            describe=lambda: f"{describe_policy(kube, example)}; operator images {operator_images(kube)}",
-        )
-        revision_after, sets_after = rollouts(kube, example)
-        patches = deployment_patches(kube, example, since=mark)
+        (before, after), pods, availability = done.revisions, done.pods, done.availability
         with capsys.disabled():  # the measurement, in the run's output
-            print(f"\nrollback to {previous.image}: revision {revision_before} -> {revision_after}, new ReplicaSets "
-                  f"{sorted(sets_after - sets_before)}, Deployment patches {len(patches)}; "
+            print(f"\nrollback to {previous.image}: revision {before} -> {after}, new ReplicaSets "
+                  f"{sorted(done.new_sets)}, Deployment patches {len(done.patches)}; "
                   f"{Observed.history.summary()}")  # fmt: skip
-        assert revision_after - revision_before == 1, "the previous operator's template injection is one rollout"
+        assert after - before == 1, "the previous operator's template injection is one rollout"
         availability.check("the rollback")
         assert Observed.history.ungated_ready == [], f"pods Ready without the gate: {Observed.history.summary()}"
         policy = policy_of(kube, example)
@@ -213,32 +234,22 @@ class TestAnOperatorUpgradeAcrossTwoVersions:
         again, and the operator migrates the template-injected Deployment in one rollout."""
         example = gated
         current = current_release()
-        revision_before, sets_before = rollouts(kube, example)
-        mark = audit_mark(kube)
-        availability = Availability(kube, example)
-        helm_upgrade(kube, current)
-        pods = wait_until(
-            "the current release migrated the Deployment: no sidecar in the template, pods gated at admission, Ready",
-            availability.watching(lambda: settled(kube, example, current.image, template_injected=False)),
-            timeout_s=seconds(900),
-            hint=f"kubectl -n {APP_NAMESPACE} get deployment {example.deployment} -o yaml; {OPERATOR_LOGS}",
-            describe=lambda: f"{describe_policy(kube, example)}; operator images {operator_images(kube)}",
-        )
-        revision_after, sets_after = rollouts(kube, example)
-        patches = deployment_patches(kube, example, since=mark)
+        done = upgrade(kube, example, current, template_injected=False, what="the current release migrated the "
+                       "Deployment: no sidecar in the template, pods gated at admission, Ready")  # fmt: skip
+        (before, after), pods, availability = done.revisions, done.pods, done.availability
         created = [c["name"] for c in operator_calls(kube, since=Observed.audit)
                    if (c["verb"], c["resource"]) == ("create", "jobs")]  # fmt: skip
         jobs = calibration_jobs(kube, example)
         versions = (fingerprint_version_of(Observed.previous.name), FINGERPRINT_VERSION)
         with capsys.disabled():  # the measurement, in the run's output
-            print(f"\nupgrade back to {current.image}: revision {revision_before} -> {revision_after}, new "
-                  f"ReplicaSets {sorted(sets_after - sets_before)}, Deployment patches {len(patches)}; "
+            print(f"\nupgrade back to {current.image}: revision {before} -> {after}, new "
+                  f"ReplicaSets {sorted(done.new_sets)}, Deployment patches {len(done.patches)}; "
                   f"calibration Jobs {sorted(Observed.jobs)} -> {sorted(jobs)}, created since the first step "
                   f"{created}; fingerprint versions {versions[0]} -> {versions[1]}; "
                   f"{Observed.history.summary()}")  # fmt: skip
-        assert revision_after - revision_before == 1, "the migration is one rollout"
+        assert after - before == 1, "the migration is one rollout"
         availability.check("the migration")
-        assert len(sets_after - sets_before) <= 1, f"ReplicaSets made: {sorted(sets_after - sets_before)}"
+        assert len(done.new_sets) <= 1, f"ReplicaSets made: {sorted(done.new_sets)}"
         template = deployment_of(kube, example)["spec"]["template"]
         assert GATE in (template["metadata"].get("annotations") or {})
         assert INJECTION_RECORD not in (template["metadata"].get("annotations") or {})

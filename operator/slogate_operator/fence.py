@@ -81,10 +81,6 @@ def fence(
     }
 
 
-def _owned(found: Mapping[str, Any], policy: builders.PolicyRef) -> bool:
-    return [o.get("uid") for o in (found.get("metadata") or {}).get("ownerReferences") or ()] == [policy.uid]
-
-
 async def keep(
     rt: Runtime, policy: builders.PolicyRef, spec: AdmissionPolicySpec, targets: Sequence[Target]
 ) -> tuple[str, str] | None:
@@ -94,7 +90,7 @@ async def keep(
     name = names.network_policy_name(policy.name)
     found = await rt.client.get(NETWORK_POLICIES, policy.namespace, name)
     wanted = rt.settings.network_policy and spec.operator.sidecar.inject
-    if found is not None and not _owned(found, policy) and not stores.left_by_namesake(found, policy):
+    if found is not None and not stores.owned_by(found, policy) and not stores.left_by_namesake(found, policy):
         if not wanted:
             return None
         return (
@@ -112,7 +108,7 @@ async def keep(
         return None
     labels = (found.get("metadata") or {}).get("labels") or {}
     labelled = all(labels.get(k) == v for k, v in desired["metadata"]["labels"].items())
-    if found.get("spec") == desired["spec"] and labelled and _owned(found, policy):
+    if found.get("spec") == desired["spec"] and labelled and stores.owned_by(found, policy):
         return None
     ops = [
         {"op": "test", "path": "/metadata/resourceVersion", "value": found["metadata"].get("resourceVersion")},

@@ -120,7 +120,7 @@ async def load_stored(client: KubeClient, policy: builders.PolicyRef) -> StoredC
     """
     name = names.thresholds_configmap_name(policy.name)
     configmap = await client.get(CONFIGMAPS, policy.namespace, name)
-    if configmap is not None and not _owned_by(configmap, policy):
+    if configmap is not None and not owned_by(configmap, policy):
         if not left_by_namesake(configmap, policy):
             raise DegradedError(
                 "ConfigMapNotOurs",
@@ -141,8 +141,9 @@ async def load_stored(client: KubeClient, policy: builders.PolicyRef) -> StoredC
     return read_stored(configmap)
 
 
-def _owned_by(configmap: dict[str, Any], policy: builders.PolicyRef) -> bool:
-    return [o.get("uid") for o in configmap["metadata"].get("ownerReferences") or ()] == [policy.uid]
+def owned_by(obj: Mapping[str, Any], policy: builders.PolicyRef) -> bool:
+    """Owned by this policy, and by nothing else."""
+    return [o.get("uid") for o in (obj.get("metadata") or {}).get("ownerReferences") or ()] == [policy.uid]
 
 
 def left_by_namesake(configmap: Mapping[str, Any], policy: builders.PolicyRef) -> bool:
