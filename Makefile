@@ -84,7 +84,7 @@ lint: dev
 	$(VENV)/bin/ruff format --check .
 
 typecheck: dev
-	$(VENV)/bin/mypy admission/slogate_admission llama/slogate_llama calibration/slogate_calibration sidecar/slogate_sidecar operator/slogate_operator bench/slogate_bench cli/slogate_cli
+	$(VENV)/bin/mypy admission/slogate_admission llama/slogate_llama calibration/slogate_calibration sidecar/slogate_sidecar operator/slogate_operator sim/slogate_sim bench/slogate_bench cli/slogate_cli
 
 contracts: dev
 	cd $(CURDIR) && $(VENV)/bin/lint-imports
@@ -110,35 +110,35 @@ $(VENV)/.slogate-bench: pyproject.toml | $(VENV)/.slogate-dev
 # About 15 minutes: every point of the suite once, on one arrival schedule, 15 s each, into
 # .slogate/bench-quick/ (a machine's numbers at a glance; nothing published). See suite.py.
 bench: dev llama $(VENV)/.slogate-bench
-	$(PY) -m slogate_bench.suite --profile quick
+	$(PY) -m slogate_bench.runs.suite --profile quick
 
 # About an hour: the published benchmark, every point on four arrival schedules (means with
 # 95% intervals, the clairvoyant bound of each trace); writes docs/benchmarks.md, docs/bench/*.png
 # and the README's latest numbers. The overhead measurement runs first.
 bench-full: dev llama $(VENV)/.slogate-bench
 	mkdir -p docs/bench
-	$(PY) -m slogate_bench.overhead > docs/bench/overhead.json.tmp && mv docs/bench/overhead.json.tmp docs/bench/overhead.json
-	$(PY) -m slogate_bench.suite --profile full
+	$(PY) -m slogate_bench.runs.overhead > docs/bench/overhead.json.tmp && mv docs/bench/overhead.json.tmp docs/bench/overhead.json
+	$(PY) -m slogate_bench.runs.suite --profile full
 
 # About 5 minutes: `slogate demo`'s overload at 3x through the sidecar on five arrival schedules,
 # then the same on a workload nothing was tuned on (issue 14.1); writes docs/bench/promise.json,
 # docs/bench/predicted-vs-actual.png and re-renders docs/benchmarks.md.
 bench-promise: dev llama $(VENV)/.slogate-bench
-	$(PY) -m slogate_bench.promise
-	$(PY) -m slogate_bench.report
+	$(PY) -m slogate_bench.runs.promise
+	$(PY) -m slogate_bench.reports benchmarks
 
 # About six minutes, not part of `make test`: calibrates the bundled llama-server five times,
 # each a fresh process as `slogate up` starts it, and writes docs/bench/calibration-spread.json
 # and the repeatability block of docs/calibration.md (durations per stage, spread of every number).
 bench-calibration: dev llama
 	mkdir -p docs/bench
-	$(PY) -m slogate_bench.calibration_spread
+	$(PY) -m slogate_bench.runs.calibration_spread
 
 # About 5 minutes: the same gate with deferral (the derived L_max) and without, at 1x and 2x,
 # on the same arrivals; writes docs/bench/deferral.json and re-renders docs/benchmarks.md.
 bench-deferral: dev llama $(VENV)/.slogate-bench
-	$(PY) -m slogate_bench.deferral
-	$(PY) -m slogate_bench.report
+	$(PY) -m slogate_bench.runs.deferral
+	$(PY) -m slogate_bench.reports benchmarks
 
 # About 9 minutes, not part of `make test`: the client-side latency of a 429 from nginx (C), a bare
 # aiohttp server (asyncio, uvloop), the sidecar alone and the sidecar carrying 4x μ, all probed in turn
@@ -146,7 +146,7 @@ bench-deferral: dev llama $(VENV)/.slogate-bench
 # Needs Debian's nginx and uvloop, installed here; run it alone (it measures the machine's scheduling).
 bench-reject: dev llama nginx
 	$(PY) -c "import uvloop" 2>/dev/null || $(PIP) install 'uvloop>=0.19'
-	$(PY) -m slogate_bench.reject_floor
+	$(PY) -m slogate_bench.runs.reject_floor
 
 # About 14 minutes (13.3 here, calibrations included; at most 20), not part of `make test`: two
 # llama-server pods of one thread each, each calibrated afresh and behind its own front, Debian's nginx
@@ -154,39 +154,39 @@ bench-reject: dev llama nginx
 # 2x and 4x of the fleet's capacity; writes docs/bench/fleet.json, docs/bench/fleet-*.png and the
 # measured block of docs/fleet.md. Run it alone (it measures the machine).
 bench-fleet: dev llama nginx $(VENV)/.slogate-bench
-	$(PY) -m slogate_bench.fleet_bench --recalibrate
-	$(PY) -m slogate_bench.fleet_report
+	$(PY) -m slogate_bench.runs.fleet --recalibrate
+	$(PY) -m slogate_bench.reports fleet
 
 # About 15 minutes, no llama-server: the fleet simulator with bench-fleet's two measured pods
 # (docs/bench/fleet.json), first replaying each measured run on its own arrivals, then every
 # routing at 10, 100 and 1,000 pods and 0.8x/1x/2x, then the CPU time of 1,000 pods for 10
 # simulated minutes; writes docs/bench/fleet-simulated.json, its figure and block of docs/fleet.md.
 bench-fleet-sim: dev $(VENV)/.slogate-bench
-	$(PY) -m slogate_bench.fleet_simulation
-	$(PY) -m slogate_bench.fleet_simulation_report
+	$(PY) -m slogate_bench.runs.fleet_simulation
+	$(PY) -m slogate_bench.reports fleet-simulated
 
 # About 3 minutes (2.3 here), no llama-server: bench-fleet's two measured pods (docs/bench/fleet.json)
 # under an HPA reading CPU, waiting requests or slogate's offered demand, on a step, a spike and a
 # day, with and without retrying clients; writes docs/bench/autoscaling.json, the figures
 # docs/bench/autoscaling-*.png and the simulated block of docs/autoscaling.md.
 bench-autoscale: dev $(VENV)/.slogate-bench
-	$(PY) -m slogate_bench.autoscale_simulation
-	$(PY) -m slogate_bench.autoscale_report
+	$(PY) -m slogate_bench.runs.autoscale_simulation
+	$(PY) -m slogate_bench.reports autoscaling
 
 # About 16 minutes, the real llama-server (one thread): the noisy neighbour of issue 17. Tenant A
 # offers 4x the calibrated capacity and tenant B 0.25x, in one class, through the sidecar with
 # and without spec.tenants, and B alone; writes docs/bench/tenants.json, its figure and the
 # "Tenants" section of docs/benchmarks.md (with the simulated block of bench-tenants-sim).
 bench-tenants: dev llama $(VENV)/.slogate-bench
-	$(PY) -m slogate_bench.noisy_neighbour
-	$(PY) -m slogate_bench.report
+	$(PY) -m slogate_bench.runs.noisy_neighbour
+	$(PY) -m slogate_bench.reports benchmarks
 
 # A few minutes, no llama-server: 100 tenants of Zipf-distributed demand (and the noisy
 # neighbour's twin) in the simulator, with and without spec.tenants; writes
 # docs/bench/tenants-simulated.json, its figure, and re-renders docs/benchmarks.md.
 bench-tenants-sim: dev $(VENV)/.slogate-bench
-	$(PY) -m slogate_bench.tenant_simulation
-	$(PY) -m slogate_bench.report
+	$(PY) -m slogate_bench.runs.tenant_simulation
+	$(PY) -m slogate_bench.reports benchmarks
 
 # The real cluster of the end-to-end suite (docs/testing.md): its binaries built from the Go
 # module proxy into a cache keyed by version (e2e/kube/versions.env; each skipped when built),
@@ -217,12 +217,12 @@ e2e: dev kube kube-images
 # against the real llama-server; writes docs/reliability-soak.json and the soak block of
 # docs/reliability.md, and fails if RSS grows, a 5xx appears, a counter leaks or goodput drifts.
 soak: dev llama
-	$(PY) -m slogate_bench.soak
+	$(PY) -m slogate_bench.runs.soak
 
 # The operator's API calls per steady pass (docs/operator.md, "Cost per pass"), counted
 # against the API mock and written into the doc; `make test` fails when the doc is stale.
 operator-cost: dev kube
-	SLOGATE_WRITE_DOCS=1 $(VENV)/bin/pytest -q tests/unit/operator/test_operator_cost.py -k steady
+	SLOGATE_WRITE_DOCS=1 $(VENV)/bin/pytest -q tests/envtest/test_operator_cost.py -k steady
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis

@@ -13,7 +13,7 @@ listener in the operator pod's own network namespace: each is refused. The opera
 count those sidecars as not pushed, and still follow the rollout.
 
 Counts only, never how long anything took: the pass bound is the one
-tests/unit/operator/test_rollout_cost.py holds on a bare API server (at most a pass per
+tests/envtest/test_rollout_cost.py holds on a bare API server (at most a pass per
 coalescing window the rollout lasted, plus one), here compared with how long the real
 rollout took. The numbers are printed to be quoted (`pytest -s`).
 """

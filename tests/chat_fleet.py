@@ -8,9 +8,9 @@ from datetime import UTC, datetime
 from canned_profiles import smollm2_profile
 from slogate_admission.derivation import derive_thresholds
 from slogate_admission.schema import Policy, Thresholds
-from slogate_bench.capacity import ServerModel
-from slogate_bench.lengths import TokenLengths
-from slogate_bench.workloads import Workload
+from slogate_sim.capacity import ServerModel
+from slogate_sim.lengths import TokenLengths
+from slogate_sim.workloads import Workload
 
 SLO_S = 2.0
 SERVER = ServerModel.from_profile(smollm2_profile())

@@ -13,8 +13,8 @@ import aiohttp
 
 from ports import free_ports
 from slogate_admission.schema import Thresholds
-from slogate_bench.gate_process import sidecar_argv
-from slogate_bench.processes import stop_process, until_ready
+from slogate_bench.live.gate_process import sidecar_argv
+from slogate_bench.live.processes import stop_process, until_ready
 
 READY_GUARD_S = 60.0
 """Not a performance bound: a sidecar not ready after this long is broken."""

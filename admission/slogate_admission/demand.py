@@ -36,6 +36,10 @@ What neither catches is counted as new demand: a retry with no marker that lands
 pod, and a balancer's own retry over pods (nginx's ``proxy_next_upstream`` re-sends the same
 bytes, so no per-try marker is possible there). Both exist only while pods refuse, and
 at most once per pod tried; docs/autoscaling.md measures what they cost.
+
+``DemandBook`` is the one meter of all this, sans-I/O: the sidecar drives it from HTTP
+(``slogate_sidecar.offered_demand``) and the simulated fleet from virtual time
+(``slogate_sim.fleet``), so the autoscaling bench measures the signal the sidecar exports.
 """
 
 from __future__ import annotations
@@ -44,11 +48,20 @@ import heapq
 from dataclasses import dataclass
 
 from slogate_admission._checks import require_non_negative, require_positive
-from slogate_admission.decision import GateConfig
+from slogate_admission.decision import GateConfig, Request
 from slogate_admission.schema import Thresholds
 from slogate_admission.service import server_seconds_per_request
 
-__all__ = ["RETRY_GRACE_S", "Attempt", "Capacity", "RetryMemory", "offered_work_s", "reference_capacity"]
+__all__ = [
+    "RETRY_GRACE_S",
+    "Attempt",
+    "Capacity",
+    "Counted",
+    "DemandBook",
+    "RetryMemory",
+    "offered_work_s",
+    "reference_capacity",
+]
 
 RETRY_GRACE_S = 30.0
 """How long past its Retry-After a refused key is still known: SDKs add jittered backoff
@@ -145,3 +158,60 @@ class RetryMemory:
         until, key = heapq.heappop(self._expiries)
         if self._until.get(key) == until:  # else a later refusal extended it: a stale entry
             del self._until[key]
+
+
+@dataclass(frozen=True, slots=True)
+class Counted:
+    """What one arrival added to a gate's book."""
+
+    retry: bool
+    """A retry: counted apart (``slogate_retried_requests_total``), not as demand."""
+    prompt_tokens: int
+    """Its prompt tokens (never negative)."""
+    work_s: float
+    """Its price, ``offered_work_s`` (0 when the book was given no config to price on). A
+    retry is priced too, for what counting every try would read, though the book adds only
+    first tries to ``offered_work_s``."""
+
+
+class DemandBook:
+    """One gate's offered demand: each arrival judged a first try or a retry (``is_retry``, on
+    arrival), counted once the gate has decided on it (``count``), and the keys it refused
+    remembered for the retries they will bring (``refused``). Pure and clock-free."""
+
+    def __init__(self, memory: RetryMemory | None = None) -> None:
+        self.memory = memory if memory is not None else RetryMemory()
+        """Keys refused lately: one per gate, nothing shared between pods."""
+        self.offered_requests = 0
+        """First tries counted."""
+        self.offered_prompt_tokens = 0
+        """Their prompt tokens."""
+        self.offered_work_s = 0.0
+        """Their server-seconds: ρ's numerator."""
+        self.retried_requests = 0
+        """Retries counted apart."""
+
+    def is_retry(self, attempt: Attempt, now: float) -> bool:
+        """Whether an arrival repeats a request already counted (judged when it arrives, before
+        its own refusal could be remembered)."""
+        return self.memory.is_retry(attempt, now)
+
+    def count(self, *, retry: bool, request: Request, config: GateConfig | None) -> Counted:
+        """The gate decided on an arrival: a first try adds to offered demand, a retry apart.
+
+        ``request``: as the gate knew it when it decided (its prompt tokens and the n_out the
+        gate books); priced on ``config``, the thresholds in force (None: not priced)."""
+        tokens = max(request.prompt_tokens, 0)
+        work = offered_work_s(config, tokens, max(request.output_tokens, 0)) if config is not None else 0.0
+        if retry:
+            self.retried_requests += 1
+        else:
+            self.offered_requests += 1
+            self.offered_prompt_tokens += tokens
+            self.offered_work_s += work
+        return Counted(retry, tokens, work)
+
+    def refused(self, attempt: Attempt, retry_after_s: float, now: float) -> None:
+        """The gate refused a try and told it to come back in ``retry_after_s``: its key is
+        known as a retry until then, plus grace."""
+        self.memory.refused(attempt, retry_after_s, now)

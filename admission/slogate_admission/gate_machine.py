@@ -4,7 +4,7 @@ Ledger, deferral queue and thresholds in one object; every event (an arrival, a 
 token, a release, a deadline, a client leaving, new thresholds) is a method that returns
 what happened, for the caller to carry out. The sidecar maps those results onto futures
 and timers (``slogate_sidecar.gate``); the simulator drives the very same object in
-virtual time (``slogate_bench.simulator``). So both run one gate, by construction.
+virtual time (``slogate_sim.engine``). So both run one gate, by construction.
 
 Spec: "admit(r) ⇔ TTFT(r) ≤ TTFT_SLO and free_KV ≥ KV_reserved(r)" (``decision.decide``)
 applied to exact live accounting (``ledger``), with deferral as the spec's first "degree

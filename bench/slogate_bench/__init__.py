@@ -1,1 +1,2 @@
-"""Load generation and benchmarks against the real llama-server, with and without the gate."""
+"""Benchmarks of slogate: the live harness (`live`), one module per `make bench-*` (`runs`), and the
+reports they publish (`reports`). The simulator they share with `slogate simulate` is `slogate_sim`."""

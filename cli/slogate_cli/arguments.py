@@ -23,6 +23,10 @@ from pathlib import Path
 from typing import Any, NoReturn, TypeAlias
 from urllib.parse import urlsplit
 
+from pydantic import ValidationError
+
+from slogate_admission.validation import first_problem
+
 EXIT_USAGE = 2
 
 
@@ -255,3 +259,9 @@ def check_ports_free(host: str, ports: Mapping[str, int]) -> None:
 
 Subcommands: TypeAlias = "argparse._SubParsersAction[OneLineParser]"
 """What each command module registers itself on."""
+
+
+def one_line(error: ValidationError) -> str:
+    """A pydantic error as one line: where, and what (the first problem; how many more). Every
+    command's invalid document (a policy, a profile, a classes or weights flag) reads so."""
+    return f"invalid input at {first_problem(error, root='top level')}"

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from rich.console import Console
 
-from slogate_bench.demo import DemoSettings, demo, table
+from slogate_bench.runs.demo import DemoSettings, demo, table
 from slogate_cli.arguments import STATE_DIR_HELP, CommandError, Subcommands, output_file, positive_float, state_dir
 from slogate_cli.progress_bar import progress_hooks
 from slogate_cli.up_command import say
@@ -45,7 +45,7 @@ def run(args: argparse.Namespace) -> int:
     result = asyncio.run(demo(settings, say, lambda: progress_hooks(not args.no_progress)))
     console.print(table(result.runs, result.slo_s, result.rate_rps))
     # Imported here: matplotlib is for the demo and benchmarks, not for every `slogate` command.
-    from slogate_bench.figures import demo_plot  # noqa: PLC0415
+    from slogate_bench.reports.figures import demo_plot  # noqa: PLC0415
 
     plot = plot_path(args)
     try:

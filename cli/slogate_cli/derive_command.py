@@ -24,9 +24,16 @@ from pydantic import ValidationError
 from slogate_admission.derivation import derive_thresholds, reference_prompt_warnings
 from slogate_admission.schema import CalibrationProfile, ClassPolicy, Policy, Thresholds
 from slogate_admission.tenant_schema import TenantsPolicy
-from slogate_admission.validation import first_problem
 from slogate_calibration.output import write_atomic
-from slogate_cli.arguments import CommandError, Subcommands, existing_file, output_file, positive_float, positive_int
+from slogate_cli.arguments import (
+    CommandError,
+    Subcommands,
+    existing_file,
+    one_line,
+    output_file,
+    positive_float,
+    positive_int,
+)
 
 
 def add_parser(subparsers: Subcommands) -> None:
@@ -126,11 +133,6 @@ def classes(text: str) -> list[dict[str, Any]]:
     if not parsed:
         raise argparse.ArgumentTypeError("give at least one class, e.g. interactive:1:1,batch:10")
     return parsed
-
-
-def one_line(error: ValidationError) -> str:
-    """A pydantic error as one line: where, and what (the first problem; how many more)."""
-    return f"invalid input at {first_problem(error, root='top level')}"
 
 
 def build_policy(args: argparse.Namespace) -> Policy:

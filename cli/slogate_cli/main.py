@@ -1,4 +1,6 @@
-"""`slogate`: subcommands, each in its own module, imported only when registered.
+"""`slogate`: the dispatcher. Each subcommand is a module of its own (``*_command``: its flags
+and its run, calling the packages that do the work); this one registers them all and runs the
+one asked.
 
 One error path: a mistake in the flags is reported by the subcommand's parser, and one
 found while running (a command's ``CommandError``, or an error of the packages it calls)
@@ -28,8 +30,7 @@ from slogate_cli import (
     up_command,
     whatif_command,
 )
-from slogate_cli.arguments import EXIT_USAGE, CommandError, OneLineParser
-from slogate_cli.derive_command import one_line
+from slogate_cli.arguments import EXIT_USAGE, CommandError, OneLineParser, one_line
 
 DISTRIBUTION = "slogate"
 MISTAKES = (CommandError, ValueError, DerivationError, CalibrationError, LlamaServerError, RuntimeNotFound, OSError)

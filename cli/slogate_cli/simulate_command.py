@@ -4,7 +4,7 @@ A discrete-event simulation of llama-server (its slots, its own queue, prefill a
 decode sharing the cores, clients that give up) in which every arrival is judged by
 the same predicate the sidecar runs. ``--load`` is a multiple of the capacity μ for the
 simulated requests (``2x`` or ``2``; several with commas, e.g. ``0.5x,1x,2x,4x``; μ as
-docs/benchmarks.md defines it); ``--gate`` picks what stands in front: ``none``
+docs/benchmarks.md defines it); ``--gate`` picks what stands in front: ``direct``
 (llama-server alone), ``slogate``, or ``count-cap`` (a fixed concurrency and queue),
 several with commas. Token lengths are ``chat`` (the default: the benchmark's chat mix,
 prompts lognormal around 100 tokens up to 1,000, max_tokens from 32, 64, 128), ``N`` or
@@ -14,9 +14,10 @@ count cap of C ≤ slots and ``--count-cap-queue 0``, a loss system, reported be
 B's blocking). ``--replicas N`` simulates N pods, each its own server and gate, behind a
 balancer: ``--routing`` ``random`` (a Kubernetes Service), ``round-robin``,
 ``least-requests``, ``retry-429[:TRIES]`` (random, and a pod's refusal sent on to another
-pod, up to TRIES in all, 3 by default) or ``central`` (one gate over all pods: the bound no
-per-pod gate can beat), several with commas; ``--load`` is then a multiple of the fleet's
-capacity, N·μ. Every gate and routing sees the very same arrivals for a given ``--seed``.
+pod, up to TRIES in all, 3 by default) or ``least-pressure`` (each request to the least
+pressed pod's gate: a balancer that reads every gate; a reference, not a bound), several with
+commas; ``--load`` is then a multiple of the fleet's capacity, N·μ. Every gate and routing sees
+the very same arrivals for a given ``--seed``.
 The SLO flags and ``--policy FILE`` (a policy JSON) are those of `slogate derive`: a
 class's ttft in ``--classes`` is its TTFT SLO, ``--slo-ttft`` that of every class without
 one. Every simulated arrival is of the default class (the lowest,
@@ -37,13 +38,14 @@ from pathlib import Path
 from rich.console import Console
 
 from slogate_admission.derivation import derive_thresholds
-from slogate_bench.lengths import Lengths, TokenLengths
-from slogate_bench.preview import CHAT, PreviewRequest, preview, table
-from slogate_bench.scenario import GATES, GateKind
-from slogate_bench.simulated_routing import ROUTINGS, Routing
-from slogate_bench.workloads import CHAT_OUTPUTS, CHAT_PROMPTS, DEFAULT_CLIENT_TIMEOUT_S
 from slogate_cli.arguments import Subcommands, non_negative_int, positive_float, positive_int
 from slogate_cli.derive_command import add_policy_flags, build_policy, read_profile
+from slogate_cli.simulate_table import table
+from slogate_sim.lengths import Lengths, TokenLengths
+from slogate_sim.preview import CHAT, PreviewRequest, preview
+from slogate_sim.routing import ROUTINGS, Routing
+from slogate_sim.scenario import GATES, GateKind
+from slogate_sim.workloads import CHAT_OUTPUTS, CHAT_PROMPTS, DEFAULT_CLIENT_TIMEOUT_S
 
 
 def add_parser(subparsers: Subcommands) -> None:
@@ -63,8 +65,8 @@ def add_parser(subparsers: Subcommands) -> None:
     parser.add_argument(
         "--gate",
         type=gates,
-        default="none,slogate",
-        help="none, slogate, count-cap; several with commas",
+        default="direct,slogate",
+        help="direct (llama-server alone), slogate, count-cap; several with commas",
     )
     parser.add_argument("--duration", type=positive_float, default=1800.0, help="simulated seconds of arrivals")
     parser.add_argument("--seed", type=non_negative_int, default=1, help="RNG seed: same seed, same result")
@@ -99,7 +101,7 @@ def add_parser(subparsers: Subcommands) -> None:
         "--routing",
         type=routings,
         default="random",
-        help="random, round-robin, least-requests, retry-429[:TRIES], central; several with commas",
+        help="random, round-robin, least-requests, retry-429[:TRIES], least-pressure; several with commas",
     )
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
     parser.set_defaults(run=run)

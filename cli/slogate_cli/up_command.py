@@ -23,9 +23,9 @@ from rich.table import Table
 
 from slogate_admission.derivation import derive_thresholds, reference_prompt_warnings
 from slogate_admission.schema import CalibrationProfile, ClassThresholds, Thresholds
-from slogate_bench.profile_cache import cached_or_calibrated
 from slogate_calibration.calibrate import DEFAULT_BUDGET_S, CalibrationSettings
 from slogate_calibration.output import write_atomic
+from slogate_calibration.profile_cache import cached_or_calibrated
 from slogate_calibration.runtime import LlamaServer, locate
 from slogate_cli.arguments import (
     STATE_DIR_HELP,

@@ -31,6 +31,7 @@ from slogate_operator.client import (
     Resource,
 )
 from slogate_operator.context import Runtime
+from slogate_operator.selectors import Selector
 from slogate_operator.spec import AdmissionPolicySpec, AutoscalingSpec
 from slogate_operator.status import Condition, ConditionType
 from slogate_operator.targets import TargetScan
@@ -148,7 +149,7 @@ async def _apply(
     resource = RESOURCES[kind]
     url = spec.prometheus.server_address or prometheus_url
     wanted = {r.name: r for r in (AutoscalerRequest(policy, d, spec, url) for d in deployments)}
-    query = f"{names.LABEL_POLICY}={policy_label_value(policy.name)},{names.LABEL_COMPONENT}={COMPONENT}"
+    query = _theirs(policy).query()
     listed = await _call(kind, "list", client.list(resource, policy.namespace, label_selector=query))
     mine = {str(o["metadata"]["name"]): o for o in listed if _controlled_by(o, policy)}
     # The listing is the truth for this engine's kind; of the other kind (the engine changed)
@@ -248,7 +249,7 @@ async def _call(kind: str, verb: str, call: Any) -> Any:
 
 async def _owned(client: KubeClient, policy: PolicyRef) -> list[tuple[str, str]]:
     """(kind, name) of every autoscaler the policy controls, of each kind whose API is served."""
-    query = f"{names.LABEL_POLICY}={policy_label_value(policy.name)},{names.LABEL_COMPONENT}={COMPONENT}"
+    query = _theirs(policy).query()
     found = []
     for kind, resource in RESOURCES.items():
         try:
@@ -257,6 +258,11 @@ async def _owned(client: KubeClient, policy: PolicyRef) -> list[tuple[str, str]]
             continue  # that API is not installed (no KEDA): nothing of that kind can exist
         found += [(kind, str(o["metadata"]["name"])) for o in listed if _controlled_by(o, policy)]
     return found
+
+
+def _theirs(policy: PolicyRef) -> Selector:
+    """The autoscalers the policy made carry its label and the component's."""
+    return Selector.of({names.LABEL_POLICY: policy_label_value(policy.name), names.LABEL_COMPONENT: COMPONENT})
 
 
 def _controlled_by(obj: Mapping[str, Any], policy: PolicyRef) -> bool:
@@ -335,16 +341,13 @@ def _judged(
     )
 
 
-def conditions(report: AutoscalingReport | None, previous: Mapping[str, Any]) -> list[Condition]:
-    """AutoscalingReady as the step judged it; for a pass that failed before the step, as the
-    ``previous`` status had it (what a failed pass did not get to stays as the last pass saw it)."""
-    if report is not None:
-        return [report.condition] if report.condition is not None else []
+def previous_conditions(previous: Mapping[str, Any]) -> tuple[Condition, ...]:
+    """AutoscalingReady as the ``previous`` status had it (for a pass that failed before the step)."""
     for found in previous.get("conditions") or ():
         if found.get("type") == C.AUTOSCALING_READY.value:
             status, reason, message = found.get("status") == "True", str(found.get("reason")), str(found.get("message"))
-            return [Condition(C.AUTOSCALING_READY, status, reason, message)]
-    return []
+            return (Condition(C.AUTOSCALING_READY, status, reason, message),)
+    return ()
 
 
 def kept(previous: Mapping[str, Any]) -> tuple[ConditionType, ...]:

@@ -21,6 +21,7 @@ from typing import Any
 from slogate_operator import names
 from slogate_operator.builders import PolicyRef, policy_labels
 from slogate_operator.demand_query import demand_query
+from slogate_operator.selectors import labelled
 from slogate_operator.spec import AutoscalingSpec
 
 EXTERNAL_METRIC = "slogate_demand_pods"
@@ -132,7 +133,7 @@ def horizontal_pod_autoscaler(request: AutoscalerRequest) -> dict[str, Any]:
     metric = {
         "type": "External",
         "external": {
-            "metric": {"name": EXTERNAL_METRIC, "selector": {"matchLabels": {WORKLOAD_LABEL: request.deployment}}},
+            "metric": {"name": EXTERNAL_METRIC, "selector": labelled(WORKLOAD_LABEL, request.deployment).to_api()},
             "target": {"type": "AverageValue", "averageValue": quantity(spec.target_utilization)},
         },
     }

@@ -53,10 +53,25 @@ class JobOutcome:
     ImagePullBackOff...), so a Pending Job says why instead of timing out in silence."""
 
 
-def _condition(job: Mapping[str, Any], kind: str) -> Mapping[str, Any] | None:
-    for condition in (job.get("status") or {}).get("conditions") or ():
-        if condition.get("type") == kind and condition.get("status") == "True":
-            return dict(condition)
+@dataclass(frozen=True, slots=True)
+class Finished:
+    """How Kubernetes ended a Job."""
+
+    succeeded: bool
+    reason: str
+    message: str
+
+
+def finished(job: Mapping[str, Any]) -> Finished | None:
+    """How the Job ended, by its terminal condition (Complete or Failed, status True); None
+    while it has not. SuccessCriteriaMet and FailureTarget come first, while the Job's pods
+    still terminate: until its terminal condition it still holds a calibration slot, and a
+    stop must still delete it."""
+    true = [c for c in (job.get("status") or {}).get("conditions") or () if c.get("status") == "True"]
+    for kind, succeeded in (("Complete", True), ("Failed", False)):
+        condition = next((c for c in true if c.get("type") == kind), None)
+        if condition is not None:
+            return Finished(succeeded, str(condition.get("reason") or kind), str(condition.get("message") or ""))
     return None
 
 
@@ -92,7 +107,8 @@ def job_outcome(
     not failed it yet (normally activeDeadlineSeconds does, a little earlier).
     """
     ended = [t for t in (calibrator_termination(p) for p in job_pods(job, pods)) if t is not None]
-    if _condition(job, "Complete") is not None:
+    end = finished(job)
+    if end is not None and end.succeeded:
         for terminated in ended:
             if terminated.get("exitCode") == 0:
                 return _read_profile(str(terminated.get("message") or ""))
@@ -101,14 +117,12 @@ def job_outcome(
             reason=FailureReason.INVALID_RESULT,
             message="the Job completed but no calibrator pod with a result is left (deleted?)",
         )
-    failed = _condition(job, "Failed")
-    if failed is not None:
+    if end is not None:
         detail = next((str(t.get("message") or "").strip() for t in ended if t.get("exitCode") != 0), "")
-        why = failed.get("reason") or "Failed"
-        text = f"Job {job['metadata']['name']} failed ({why}: {failed.get('message') or 'no message'})"
+        text = f"Job {job['metadata']['name']} failed ({end.reason}: {end.message or 'no message'})"
         if detail:
             text += f"; calibrator said: {detail.splitlines()[-1][:400]}"
-        reason = FailureReason.TIMED_OUT if why == "DeadlineExceeded" else FailureReason.FAILED
+        reason = FailureReason.TIMED_OUT if end.reason == "DeadlineExceeded" else FailureReason.FAILED
         return JobOutcome(JobState.FAILED, reason=reason, message=text)
     created = parse_time(job["metadata"].get("creationTimestamp"))
     if created is not None and now - created > deadline:

@@ -16,9 +16,9 @@ import aiohttp
 
 from slogate_operator import builders, names
 from slogate_operator.client import EVENTS, ApiError, KubeClient
-from slogate_operator.injection import SidecarConfig
 from slogate_operator.push import PushSettings, PushTracker
 from slogate_operator.settings import OperatorSettings
+from slogate_operator.sidecar import SidecarConfig
 
 log = logging.getLogger("slogate.operator")
 

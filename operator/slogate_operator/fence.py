@@ -30,6 +30,7 @@ from typing import Any
 from slogate_operator import builders, names, stores
 from slogate_operator.client import NETWORK_POLICIES, ConflictError
 from slogate_operator.context import Runtime
+from slogate_operator.selectors import labelled
 from slogate_operator.spec import AdmissionPolicySpec
 from slogate_operator.targets import Target
 
@@ -74,7 +75,7 @@ def fence(
             "ownerReferences": [policy.owner_reference()],
         },
         "spec": {
-            "podSelector": {"matchLabels": {names.LABEL_POLICY: builders.policy_label_value(policy.name)}},
+            "podSelector": labelled(names.LABEL_POLICY, builders.policy_label_value(policy.name)).to_api(),
             "policyTypes": ["Ingress"],
             "ingress": ingress,
         },

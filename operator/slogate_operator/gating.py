@@ -11,30 +11,31 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from slogate_operator import builders, injector, targets, webhook
 from slogate_operator.context import Runtime
 from slogate_operator.injection import InjectionRecord, TargetClaimedError
+from slogate_operator.outcome import Event
 from slogate_operator.spec import AdmissionPolicySpec
 
 Template = Mapping[str, Any]
 
 
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True)
 class Gating:
     """What the step did and found."""
 
-    latest: dict[str, Mapping[str, Any]] = field(default_factory=dict)
+    latest: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     """Deployments as this step wrote them (their new resourceVersion)."""
-    problems: list[str] = field(default_factory=list)
-    degraded: list[tuple[str, str]] = field(default_factory=list)
-    events: list[tuple[str, str, str]] = field(default_factory=list)
+    problems: tuple[str, ...] = ()
+    degraded: tuple[tuple[str, str], ...] = ()
+    events: tuple[Event, ...] = ()
     wait_s: float | None = None
     """Run the pass again this soon: an entry is being read by the API servers."""
-    waiting: list[str] = field(default_factory=list)
+    waiting: tuple[str, ...] = ()
     """Targets whose pods are to roll onto the gate once the API servers have read the entry."""
 
 
@@ -49,18 +50,16 @@ async def gate_targets(
     latest: Mapping[str, Mapping[str, Any]],
 ) -> Gating:
     """Every target gated (``gate`` and the spec injects) or not; strays released."""
-    done = Gating()
     mine = builders.policy_label_value(policy.name)
     endpoint = injector.Endpoint.of(rt.settings)
     inject = gate and spec.operator.sidecar.inject
+    parts: list[Gating] = []
     if inject and endpoint is None:
-        done.degraded.append(
-            (
-                "WebhookNotConfigured",
-                "the operator serves no injection webhook (neither webhook_service nor webhook_url is set): "
-                "no pod can get the gate",
-            )
-        )
+        parts.append(Gating(degraded=((
+            "WebhookNotConfigured",
+            "the operator serves no injection webhook (neither webhook_service nor webhook_url is set): "
+            "no pod can get the gate",
+        ),)))  # fmt: skip
     for target in scan.targets:
         key = (policy.namespace, target.name)
         current = latest.get(target.name, target.deployment)
@@ -74,38 +73,56 @@ async def gate_targets(
             rt.gates.pop(key, None)
             wanted = None
         revision = injector.gate_revision(config) if wanted is not None else None
-        ready = await _entry(rt, key, wanted, endpoint, done)
-        await _apply(rt, policy, current, revision, claim=mine, done=done, ready=ready)
-        if not ready and wanted is not None:
-            done.waiting.append(f"Deployment {target.name}: its pods roll onto the gate once its webhook entry is read")
-    for stray in scan.strays:
-        key = (policy.namespace, str(stray["metadata"]["name"]))
+        wait = await _entry(rt, key, wanted, endpoint)
+        parts.append(await _apply(rt, policy, current, revision, claim=mine, ready=wait is None))
+        rolling = f"Deployment {target.name}: its pods roll onto the gate once its webhook entry is read"
+        parts.append(Gating(wait_s=wait, waiting=(rolling,) if wait is not None and wanted is not None else ()))
+    parts.append(await release(rt, policy, scan.strays))
+    return _joined(parts)
+
+
+async def release(rt: Runtime, policy: builders.PolicyRef, deployments: Sequence[Mapping[str, Any]]) -> Gating:
+    """Take the gate off Deployments the policy claimed and no longer gates (strays, or all of
+    them when it is deleted): the webhook entry goes first, and once the API servers have read
+    that, the gate annotation and the claim. Until then each stays claimed, as it is."""
+    mine = builders.policy_label_value(policy.name)
+    endpoint = injector.Endpoint.of(rt.settings)
+    parts: list[Gating] = []
+    for deployment in deployments:
+        key = (policy.namespace, str(deployment["metadata"]["name"]))
         rt.gates.pop(key, None)
-        ready = await _entry(rt, key, None, endpoint, done)
-        await _apply(rt, policy, stray, None, claim=None if ready else mine, done=done, ready=ready)
-    return done
+        wait = await _entry(rt, key, None, endpoint)
+        ready = wait is None
+        parts.append(await _apply(rt, policy, deployment, None, claim=None if ready else mine, ready=ready))
+        parts.append(Gating(wait_s=wait))
+    return _joined(parts)
+
+
+def _joined(parts: Sequence[Gating]) -> Gating:
+    waits = [p.wait_s for p in parts if p.wait_s is not None]
+    return Gating(
+        latest={name: d for p in parts for name, d in p.latest.items()},
+        problems=tuple(x for p in parts for x in p.problems),
+        degraded=tuple(x for p in parts for x in p.degraded),
+        events=tuple(x for p in parts for x in p.events),
+        wait_s=min(waits) if waits else None,
+        waiting=tuple(x for p in parts for x in p.waiting),
+    )
 
 
 async def _entry(
-    rt: Runtime,
-    key: tuple[str, str],
-    wanted: Mapping[str, Any] | None,
-    endpoint: injector.Endpoint | None,
-    done: Gating,
-) -> bool:
-    """Write (or remove) the target's entry; whether the API servers have had time to read it."""
+    rt: Runtime, key: tuple[str, str], wanted: Mapping[str, Any] | None, endpoint: injector.Endpoint | None
+) -> float | None:
+    """Write (or remove) the target's entry; how long the API servers still need to read it (None: done)."""
     if endpoint is None:
-        return True  # no webhook: nothing to write, nothing to wait for
+        return None  # no webhook: nothing to write, nothing to wait for
     name = injector.entry_name(*key)
     changed = await webhook.write_entries(rt.client, rt.settings.webhook_configuration, {name: wanted})
     now = time.monotonic()
     if changed:
         rt.entries[key] = now
     waited, settle = now - rt.entries.get(key, -math.inf), rt.settings.webhook_settle_seconds
-    if waited >= settle:
-        return True
-    done.wait_s = min(done.wait_s or settle, settle - waited)
-    return False
+    return None if waited >= settle else settle - waited
 
 
 async def _apply(
@@ -115,9 +132,8 @@ async def _apply(
     revision: str | None,
     *,
     claim: str | None,
-    done: Gating,
     ready: bool = True,
-) -> None:
+) -> Gating:
     """The template at ``revision`` (left as it is unless ``ready``) and the claim; events for what changed."""
 
     def desired(template: Template) -> dict[str, Any]:
@@ -127,22 +143,22 @@ async def _apply(
     try:
         changed = await targets.apply_template(rt.client, policy.namespace, deployment, desired, claim=claim)
     except TargetClaimedError as error:
-        done.problems.append(f"Deployment {name}: {error}")
-        return
+        return Gating(problems=(f"Deployment {name}: {error}",))
     if changed is None:
-        return
-    done.latest[name] = changed
+        return Gating()
     before, after = _template(deployment), _template(changed)
     was, now = injector.gate_of(before), injector.gate_of(after)
+    events: list[Event] = []
     if InjectionRecord.of(before) is not None and InjectionRecord.of(after) is None:
-        done.events.append(("Normal", "SidecarMigrated", f"Deployment {name}: its template is the user's again; "
-                            "its pods get the gate at admission"))  # fmt: skip
+        events.append(("Normal", "SidecarMigrated", f"Deployment {name}: its template is the user's again; "
+                       "its pods get the gate at admission"))  # fmt: skip
     if was is None and now is not None:
-        done.events.append(("Normal", "SidecarInjected", f"Deployment {name}: its pods roll onto the gate"))
+        events.append(("Normal", "SidecarInjected", f"Deployment {name}: its pods roll onto the gate"))
     elif was is not None and now is None:
-        done.events.append(("Normal", "SidecarRemoved", f"Deployment {name}: its pods roll off the gate"))
+        events.append(("Normal", "SidecarRemoved", f"Deployment {name}: its pods roll off the gate"))
     elif was != now:
-        done.events.append(("Normal", "SidecarUpdated", f"Deployment {name}: its pods roll to new sidecar settings"))
+        events.append(("Normal", "SidecarUpdated", f"Deployment {name}: its pods roll to new sidecar settings"))
+    return Gating(latest={name: changed}, events=tuple(events))
 
 
 def _template(deployment: Mapping[str, Any]) -> Template:

@@ -18,19 +18,21 @@ import asyncio
 import contextlib
 import os
 import random
+from collections.abc import Mapping
 from typing import Any
 
 import aiohttp
 import kopf
 import prometheus_client
 
-from slogate_operator import builders, injector, metrics, names, targets
+from slogate_operator import builders, gating, injector, metrics, names
 from slogate_operator.client import DEPLOYMENTS, KubeClient
 from slogate_operator.context import Runtime
 from slogate_operator.injection import deployment_claim
 from slogate_operator.reconcile import reconcile
+from slogate_operator.selectors import labelled
 from slogate_operator.settings import OperatorSettings
-from slogate_operator.webhook import Webhook, write_entries
+from slogate_operator.webhook import Webhook
 
 RESOURCE = (names.GROUP, names.VERSION, names.PLURAL)
 DIFFBASE_IGNORED = ("spec", "metadata.labels", "metadata.annotations")
@@ -81,8 +83,9 @@ async def startup(memo: kopf.Memo, settings: kopf.OperatorSettings, logger: kopf
     settings.persistence.finalizer = f"{names.GROUP}/operator"
     # Server-side filters: only the Jobs and pods the operator made or injected are sent
     # (the handlers' label filters below run client-side, after the transfer).
-    settings.watching.label_selectors["batch", "v1", "jobs"] = names.LABEL_POLICY
-    settings.watching.label_selectors["", "v1", "pods"] = names.LABEL_POLICY
+    ours = labelled(names.LABEL_POLICY).query()
+    settings.watching.label_selectors["batch", "v1", "jobs"] = ours
+    settings.watching.label_selectors["", "v1", "pods"] = ours
     settings.peering.lifetime = config.peering_lifetime_seconds
     client = KubeClient(
         lambda: connection_info(config, settings), retries=config.api_retries, backoff_s=config.api_backoff_seconds
@@ -166,27 +169,28 @@ async def _sleep(wakeup: asyncio.Event, stopped: kopf.DaemonStopped, delay: floa
 async def policy_deleted(name: str, namespace: str | None, memo: Any, logger: kopf.Logger, **_: Any) -> None:
     """Release every Deployment this policy claimed, its pods rolled off the gate (kopf retries on failure).
 
-    Its webhook entries go first, and the API servers are given time to read that, so no
-    pod of the rollout is injected with the thresholds ConfigMap about to go; then the gate
-    annotation (and a template injection of an older operator) leaves the template.
+    As a pass releases a stray (gating.release): its webhook entry goes first, and the API
+    servers are given time to read that, so no pod of the rollout is injected with the
+    thresholds ConfigMap about to go; then the gate annotation (and a template injection of an
+    older operator) leaves the template. Here the handler waits that time out itself.
     """
     assert namespace is not None
     rt: Runtime = memo.runtime
+    policy = builders.PolicyRef(name=name, namespace=namespace, uid="")
     mine = builders.policy_label_value(name)
-    claimed = [d for d in await rt.client.list(DEPLOYMENTS, namespace) if deployment_claim(d) == mine]
-    for deployment in claimed:
-        rt.gates.pop((namespace, deployment["metadata"]["name"]), None)
-    if claimed and injector.Endpoint.of(rt.settings) is not None:
-        entries = {injector.entry_name(namespace, d["metadata"]["name"]): None for d in claimed}
-        if await write_entries(rt.client, rt.settings.webhook_configuration, entries):
-            await asyncio.sleep(rt.settings.webhook_settle_seconds)
-    for deployment in claimed:
-
-        def released(template: Any) -> dict[str, Any]:
-            return injector.gated_template(template, None)
-
-        if await targets.apply_template(rt.client, namespace, deployment, released, claim=None):
-            logger.info(f"Deployment {deployment['metadata']['name']} released (its pods roll off the gate)")
+    claimed: list[Mapping[str, Any]] = [
+        d for d in await rt.client.list(DEPLOYMENTS, namespace) if deployment_claim(d) == mine
+    ]
+    while claimed:
+        done = await gating.release(rt, policy, claimed)
+        for event in done.events:
+            logger.info(event[2])
+        if done.problems:
+            raise kopf.TemporaryError("; ".join(done.problems), delay=5.0)
+        if done.wait_s is None:
+            break
+        await asyncio.sleep(done.wait_s)
+        claimed = [done.latest.get(str(d["metadata"]["name"]), d) for d in claimed]
     metrics.forget(namespace, name)
 
 

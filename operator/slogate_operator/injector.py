@@ -26,10 +26,12 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
-from slogate_operator import names
+from slogate_operator import names, targets
 from slogate_operator.fingerprint import LlamaContainer
-from slogate_operator.injection import SidecarConfig, covers, injected_template, removed_template
+from slogate_operator.injection import covers, injected_template, removed_template
+from slogate_operator.selectors import Requirement, labelled
 from slogate_operator.settings import OperatorSettings
+from slogate_operator.sidecar import SidecarConfig
 from slogate_operator.spec import AdmissionPolicySpec
 
 POD_CREATE = {"operations": ["CREATE"], "apiGroups": [""], "apiVersions": ["v1"], "resources": ["pods"],
@@ -171,18 +173,14 @@ def entry(
     carry the policy label are left out (calibration pods, pods injected already).
     """
     name = str(deployment["metadata"]["name"])
-    selector = dict((deployment.get("spec") or {}).get("selector") or {})
-    expressions = [*(selector.get("matchExpressions") or ()), {"key": names.LABEL_POLICY, "operator": "DoesNotExist"}]
-    objects: dict[str, Any] = {"matchExpressions": expressions}
-    if selector.get("matchLabels"):
-        objects["matchLabels"] = dict(selector["matchLabels"])
+    uninjected = Requirement(names.LABEL_POLICY, "DoesNotExist")
     return {
         "name": entry_name(namespace, name),
         "admissionReviewVersions": ["v1"],
         "clientConfig": endpoint.client_config(f"{GATE_PATH}/{namespace}/{policy}/{name}"),
         "rules": [POD_CREATE],
-        "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": namespace}},
-        "objectSelector": objects,
+        "namespaceSelector": labelled("kubernetes.io/metadata.name", namespace).to_api(),
+        "objectSelector": targets.pod_selector(deployment).requiring(uninjected).to_api(),
         "failurePolicy": failure_policy,
         "matchPolicy": "Equivalent",
         "sideEffects": "None",

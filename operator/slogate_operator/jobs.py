@@ -16,9 +16,10 @@ from typing import Any
 
 from slogate_admission.schema import CalibrationProfile
 from slogate_operator import builders, metrics, names
-from slogate_operator.calibration import FailureReason, JobState, job_outcome, retry_delay
+from slogate_operator.calibration import FailureReason, JobState, finished, job_outcome, retry_delay
 from slogate_operator.client import JOBS, PODS, AlreadyExistsError, ApiError
 from slogate_operator.context import Runtime
+from slogate_operator.selectors import labelled
 from slogate_operator.spec import AdmissionPolicySpec
 from slogate_operator.targets import Target
 from slogate_operator.timestamps import format_time, parse_time
@@ -74,7 +75,7 @@ async def advance(  # noqa: PLR0911 (each outcome of a Job returns its own progr
             return Progress(JobState.FAILED, record, wake_at=wait_until)
         return await _start(rt, policy, spec=spec, target=target, key=key, record=record, now=now)
 
-    pods = await rt.client.list(PODS, policy.namespace, label_selector=f"job-name={job_name}")
+    pods = await rt.client.list(PODS, policy.namespace, label_selector=labelled("job-name", job_name).query())
     deadline = timedelta(seconds=spec.operator.calibration.timeout_seconds + rt.settings.calibration_grace_seconds)
     outcome = job_outcome(job, pods, now=now, deadline=deadline)
     if outcome.state is JobState.RUNNING:
@@ -95,7 +96,7 @@ async def advance(  # noqa: PLR0911 (each outcome of a Job returns its own progr
     last = record.get("lastFailure") or {}
     if last.get("jobUid") != uid:
         progress = _failed(rt, policy, record, outcome.reason, outcome.message, now=now, job_uid=uid)
-        if not _kubernetes_finished(job):
+        if finished(job) is None:
             await rt.client.delete(JOBS, policy.namespace, job_name)  # timed out by our clock: stop it
         return progress
     wait_until = parse_time(record.get("nextAttemptAt"))
@@ -167,8 +168,8 @@ async def calibrations_running(rt: Runtime) -> int:
     served: list[str | None] = list(rt.settings.namespaces) or [None]
     found = 0
     for namespace in served:
-        listed = await rt.client.list(JOBS, namespace, label_selector=names.LABEL_POLICY)
-        found += sum(1 for job in listed if not _kubernetes_finished(job))
+        listed = await rt.client.list(JOBS, namespace, label_selector=labelled(names.LABEL_POLICY).query())
+        found += sum(1 for job in listed if finished(job) is None)
     return found
 
 
@@ -209,23 +210,16 @@ def _failed(
     return Progress(JobState.FAILED, record, wake_at=retry_at)
 
 
-def _kubernetes_finished(job: Mapping[str, Any]) -> bool:
-    return any(
-        c.get("type") in ("Complete", "Failed") and c.get("status") == "True"
-        for c in (job.get("status") or {}).get("conditions") or ()
-    )
-
-
 async def stop_obsolete(rt: Runtime, policy: builders.PolicyRef, keep: str | None) -> list[str]:
     """Delete this policy's unfinished Jobs for other fingerprints (a newer rollout won)."""
-    mine = builders.policy_label_value(policy.name)
-    jobs = await rt.client.list(JOBS, policy.namespace, label_selector=f"{names.LABEL_POLICY}={mine}")
+    mine = labelled(names.LABEL_POLICY, builders.policy_label_value(policy.name))
+    jobs = await rt.client.list(JOBS, policy.namespace, label_selector=mine.query())
     stopped = []
     for job in jobs:
         labels = job["metadata"].get("labels") or {}
-        if labels.get(names.LABEL_POLICY) != mine or labels.get(names.LABEL_FINGERPRINT) == keep:
+        if not mine.matches(labels) or labels.get(names.LABEL_FINGERPRINT) == keep:
             continue
-        if not _kubernetes_finished(job):
+        if finished(job) is None:
             await rt.client.delete(JOBS, policy.namespace, job["metadata"]["name"])
             stopped.append(job["metadata"]["name"])
     return stopped

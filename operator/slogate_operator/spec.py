@@ -19,6 +19,7 @@ from pydantic import Field, ValidationError, model_validator
 from slogate_admission.schema import Policy
 from slogate_admission.validation import validation_problems
 from slogate_admission.wire import Model
+from slogate_operator import selectors
 
 DnsLabel = Annotated[str, Field(pattern=r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")]
 DnsSubdomain = Annotated[
@@ -46,16 +47,16 @@ class SelectorRequirement(Model):
     """A matchExpressions entry, as in Kubernetes label selectors."""
 
     key: LabelKey
-    operator: Literal["In", "NotIn", "Exists", "DoesNotExist"]
+    operator: selectors.Operator
     values: tuple[LabelValue, ...] = ()
 
     @model_validator(mode="after")
     def _values_fit_operator(self) -> SelectorRequirement:
-        if self.operator in ("In", "NotIn") and not self.values:
-            raise ValueError(f"operator {self.operator} needs values")
-        if self.operator in ("Exists", "DoesNotExist") and self.values:
-            raise ValueError(f"operator {self.operator} takes no values")
+        self.requirement()  # its SelectorError (a ValueError) says what does not fit
         return self
+
+    def requirement(self) -> selectors.Requirement:
+        return selectors.Requirement(self.key, self.operator, self.values)
 
 
 class LabelSelector(Model):
@@ -71,38 +72,8 @@ class LabelSelector(Model):
             raise ValueError("selector needs matchLabels or matchExpressions (an empty one selects everything)")
         return self
 
-    def matches(self, labels: Mapping[str, str]) -> bool:
-        """Kubernetes selector semantics: every term must hold."""
-        if any(labels.get(key) != value for key, value in self.match_labels.items()):
-            return False
-        for term in self.match_expressions:
-            present = term.key in labels
-            if term.operator == "In" and (not present or labels[term.key] not in term.values):
-                return False
-            if term.operator == "NotIn" and present and labels[term.key] in term.values:
-                return False
-            if term.operator == "Exists" and not present:
-                return False
-            if term.operator == "DoesNotExist" and present:
-                return False
-        return True
-
-    def as_query(self) -> str:
-        """The ``labelSelector`` query string (the server filters; we filter again)."""
-        parts = [f"{key}={value}" for key, value in sorted(self.match_labels.items())]
-        for term in self.match_expressions:
-            if term.operator == "Exists":
-                parts.append(term.key)
-            elif term.operator == "DoesNotExist":
-                parts.append(f"!{term.key}")
-            else:
-                word = "in" if term.operator == "In" else "notin"
-                parts.append(f"{term.key} {word} ({','.join(term.values)})")
-        return ",".join(parts)
-
-    def describe(self) -> str:
-        """Short text for status and printer columns."""
-        return self.as_query()
+    def as_selector(self) -> selectors.Selector:
+        return selectors.Selector.of(self.match_labels, *(term.requirement() for term in self.match_expressions))
 
 
 class CalibrationSpec(Model):
@@ -272,7 +243,7 @@ class AdmissionPolicySpec:
         if self.operator.target_ref is not None:
             return self.operator.target_ref.name
         assert self.operator.selector is not None
-        return self.operator.selector.describe()
+        return self.operator.selector.as_selector().query()
 
 
 def parse_spec(raw: Mapping[str, Any] | None) -> AdmissionPolicySpec:

@@ -17,6 +17,7 @@ from slogate_operator.client import DEPLOYMENTS, ConflictError, KubeClient
 from slogate_operator.fingerprint import ContainerNotFoundError, LlamaContainer, container_fingerprint, llama_container
 from slogate_operator.injection import TargetClaimedError, deployment_claim, deployment_patch
 from slogate_operator.names import SIDECAR_CONTAINER
+from slogate_operator.selectors import Selector
 from slogate_operator.spec import AdmissionPolicySpec
 
 CONFLICT_RETRIES = 5
@@ -60,7 +61,8 @@ def selected(spec: AdmissionPolicySpec, deployments: Sequence[Mapping[str, Any]]
     if ref is not None:
         return [d for d in deployments if d["metadata"]["name"] == ref.name]
     assert selector is not None
-    return [d for d in deployments if selector.matches(d["metadata"].get("labels") or {})]
+    by_labels = selector.as_selector()
+    return [d for d in deployments if by_labels.selects(d)]
 
 
 def scan(
@@ -165,25 +167,9 @@ def deployment_claim_value(deployment: Mapping[str, Any]) -> str | None:
     return ((deployment.get("metadata") or {}).get("annotations") or {}).get(names.ANNOTATION_CLAIM)
 
 
-def pod_selector(deployment: Mapping[str, Any]) -> tuple[str, Callable[[Mapping[str, Any]], bool]]:
-    """The Deployment's pod selector as a query string and as a predicate on pod labels."""
-    selector = (deployment.get("spec") or {}).get("selector") or {}
-    match = dict(selector.get("matchLabels") or {})
-    expressions = list(selector.get("matchExpressions") or [])
-
-    def matches(pod: Mapping[str, Any]) -> bool:
-        labels = (pod.get("metadata") or {}).get("labels") or {}
-        if any(labels.get(k) != v for k, v in match.items()):
-            return False
-        for term in expressions:
-            key, op, values = term.get("key"), term.get("operator"), term.get("values") or []
-            if (op == "In" and labels.get(key) not in values) or (op == "NotIn" and labels.get(key) in values):
-                return False
-            if (op == "Exists" and key not in labels) or (op == "DoesNotExist" and key in labels):
-                return False
-        return True
-
-    return ",".join(f"{k}={v}" for k, v in sorted(match.items())), matches
+def pod_selector(deployment: Mapping[str, Any]) -> Selector:
+    """The Deployment's pod selector (``spec.selector``)."""
+    return Selector.parse((deployment.get("spec") or {}).get("selector"))
 
 
 def ungated(deployments: Sequence[Mapping[str, Any]], gated_pods: Sequence[Mapping[str, Any]]) -> list[str]:
@@ -196,8 +182,8 @@ def ungated(deployments: Sequence[Mapping[str, Any]], gated_pods: Sequence[Mappi
         meta, spec, status = deployment["metadata"], deployment.get("spec") or {}, deployment.get("status") or {}
         if status.get("observedGeneration", 0) < meta.get("generation", 0):
             continue  # the controller has not counted this template yet: next pass
-        _, matches = pod_selector(deployment)
-        mine = [p for p in gated_pods if matches(p) and not p["metadata"].get("deletionTimestamp")]
+        selector = pod_selector(deployment)
+        mine = [p for p in gated_pods if selector.selects(p) and not p["metadata"].get("deletionTimestamp")]
         running = [p for p in mine if (p.get("status") or {}).get("phase") == "Running"]
         extra = int(status.get("replicas") or 0) - len(mine)
         if extra > 0:

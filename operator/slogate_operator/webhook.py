@@ -44,7 +44,8 @@ from slogate_operator.client import (
 )
 from slogate_operator.context import Runtime, utc_now
 from slogate_operator.fingerprint import ContainerNotFoundError, llama_container
-from slogate_operator.injection import SidecarConfig, TargetClaimedError, deployment_claim
+from slogate_operator.injection import TargetClaimedError, deployment_claim
+from slogate_operator.sidecar import SidecarConfig
 from slogate_operator.spec import SpecError, parse_spec
 from slogate_operator.status import DegradedError
 

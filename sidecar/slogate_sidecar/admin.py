@@ -20,7 +20,6 @@ NetworkPolicy always admits.
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import hmac
 import logging
@@ -35,6 +34,7 @@ from slogate_admission.schema import Thresholds
 from slogate_admission.ttft_error import TtftErrorModel
 from slogate_admission.validation import validation_problems
 from slogate_sidecar import responses
+from slogate_sidecar.body import read_body
 from slogate_sidecar.drain import DrainCause
 from slogate_sidecar.state import Sidecar
 from slogate_sidecar.tenants import tenants_state
@@ -72,9 +72,12 @@ async def put_thresholds(sidecar: Sidecar, request: web.Request) -> web.Response
             kind="authentication_error",
             headers={"WWW-Authenticate": 'Bearer realm="slogate"'},
         )
-    raw = await _document(sidecar, request)
-    if isinstance(raw, web.Response):
-        return raw
+    raw = await read_body(
+        request,
+        timeout_s=sidecar.settings.client_read_timeout_s,
+        max_bytes=MAX_THRESHOLDS_BYTES,
+        what="thresholds document",
+    )
     try:
         thresholds = Thresholds.model_validate_json(raw)
         apply(sidecar, thresholds)
@@ -90,26 +93,6 @@ async def put_thresholds(sidecar: Sidecar, request: web.Request) -> web.Response
     sidecar.metrics.reject_thresholds()
     log.warning("rejected thresholds push: %s", problems)
     return responses.error(422, "invalid thresholds: " + problems, kind="invalid_request_error")
-
-
-async def _document(sidecar: Sidecar, request: web.Request) -> bytes | web.Response:
-    """The whole pushed body, or the 4xx that says why it could not be read."""
-    try:
-        # request.read() reads the whole body (content.read(n) may stop at any chunk
-        # boundary) and raises 413 past the app's client_max_size.
-        async with asyncio.timeout(sidecar.settings.client_read_timeout_s):  # a stalled push: 408
-            return await request.read()
-    except web.HTTPRequestEntityTooLarge:
-        return responses.error(
-            413,
-            f"thresholds document over {MAX_THRESHOLDS_BYTES} bytes",
-            kind="invalid_request_error",
-            code="body_too_large",
-        )
-    except TimeoutError:
-        return responses.request_timeout()
-    except responses.BODY_ERRORS as broken:
-        return responses.unreadable_body(broken)
 
 
 def apply(sidecar: Sidecar, thresholds: Thresholds) -> None:

@@ -32,6 +32,7 @@ from slogate_llama.client import LlamaClient
 from slogate_llama.counters import MetricsError
 from slogate_llama.routes import Route
 from slogate_sidecar import admin, openapi, responses
+from slogate_sidecar.bad_request import BadRequest
 from slogate_sidecar.drain import Drain, DrainCause
 from slogate_sidecar.gate import Gate
 from slogate_sidecar.learners import MetricsLearner, TtftLearner, UsageLearner
@@ -93,14 +94,18 @@ ADMIN_PATHS = ("/slogate/", "/metrics")
 
 
 def json_errors(admin_port: int | None = None) -> Middleware:
-    """aiohttp's own refusals (404, 405, 413) as OpenAI-style JSON, like every other error;
-    an unexpected exception is logged whole and answered with a JSON 500. Given
-    ``admin_port`` (the client port's middleware), a 404 for an admin path says it is there."""
+    """Refusals raised rather than returned as OpenAI-style JSON, like every other error: a
+    ``BadRequest`` (a body unreadable, too large, late or invalid: ``body.read_body``,
+    ``requests``) and aiohttp's own (404, 405); an unexpected exception is logged whole and
+    answered with a JSON 500. Given ``admin_port`` (the client port's middleware), a 404 for
+    an admin path says it is there."""
 
     @web.middleware
     async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
         try:
             return await handler(request)
+        except BadRequest as bad:
+            return web.json_response(bad.body(), status=bad.status)
         except web.HTTPException as refusal:
             if refusal.status < 400:
                 raise

@@ -1,7 +1,9 @@
-"""The one exception request validation raises, and the helpers that phrase it.
+"""The one exception a request body the gate refuses raises, and the helpers that phrase it.
 
-Every refusal names the offending field (``param``) and what was expected, in the
-OpenAI error shape, so existing clients show the message as is.
+Raised wherever the problem is found (reading the body: ``body.read_body``; parsing it:
+``requests``; a rule of the gate's own), it is answered by the error middleware
+(``app.json_errors``). Every refusal names the offending field (``param``) when there is
+one and what was expected, in the OpenAI error shape, so existing clients show the message as is.
 """
 
 from __future__ import annotations

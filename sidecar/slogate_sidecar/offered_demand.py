@@ -28,7 +28,7 @@ from collections.abc import Mapping
 from aiohttp import web
 
 from slogate_admission.decision import GateConfig, Request
-from slogate_admission.demand import Attempt, RetryMemory, offered_work_s
+from slogate_admission.demand import Attempt, DemandBook, RetryMemory
 from slogate_sidecar.metrics import SidecarMetrics
 
 __all__ = ["KEY_HEADERS", "MAX_KEY_CHARS", "RETRY_COUNT_HEADERS", "DemandMeter", "attempt_of"]
@@ -82,16 +82,16 @@ def _key(headers: Mapping[str, str]) -> str | None:
 
 
 class DemandMeter:
-    """One sidecar's count of offered demand, and its memory of the keys it refused."""
+    """One sidecar's count of offered demand: the core's ``DemandBook``, exported as counters."""
 
     def __init__(self, metrics: SidecarMetrics, memory: RetryMemory | None = None) -> None:
         self.metrics = metrics
-        self.memory = memory if memory is not None else RetryMemory()
-        """Keys refused lately (``demand.RetryMemory``): one per sidecar, nothing shared between pods."""
+        self.book = DemandBook(memory)
+        """The counts and the memory of refused keys (``demand.DemandBook``)."""
 
     def is_retry(self, attempt: Attempt, now: float) -> bool:
         """Whether an arrival repeats a request already counted (judged when it arrives)."""
-        return self.memory.is_retry(attempt, now)
+        return self.book.is_retry(attempt, now)
 
     def decided(self, *, retry: bool, request: Request, config: GateConfig) -> None:
         """The gate decided on an arrival: a first try adds to offered demand, a retry apart.
@@ -100,13 +100,13 @@ class DemandMeter:
         llama-server, or estimated from the text when refused before counting, and the n_out
         the gate books. Its work is priced on ``config``, the thresholds in force
         (``demand.offered_work_s``): the autoscaling query's series."""
-        if retry:
+        counted = self.book.count(retry=retry, request=request, config=config)
+        if counted.retry:
             self.metrics.retried_requests.inc()
             return
-        prompt_tokens = max(request.prompt_tokens, 0)
         self.metrics.offered_requests.inc()
-        self.metrics.offered_prompt_tokens.inc(prompt_tokens)
-        self.metrics.offered_work.inc(offered_work_s(config, prompt_tokens, max(request.output_tokens, 0)))
+        self.metrics.offered_prompt_tokens.inc(counted.prompt_tokens)
+        self.metrics.offered_work.inc(counted.work_s)
 
     def answered(self, attempt: Attempt, response: web.StreamResponse, now: float) -> None:
         """Remember the key of a try the sidecar refused with 429, for its Retry-After (plus grace)."""
@@ -115,4 +115,4 @@ class DemandMeter:
         retry_after = response.headers.get("Retry-After", "")
         if not _COUNT.fullmatch(retry_after):  # every 429 of the sidecar's own carries one
             return
-        self.memory.refused(attempt, float(retry_after), now)
+        self.book.refused(attempt, float(retry_after), now)

@@ -7,14 +7,14 @@ which cancels this handler and so closes the upstream connection, aborting the
 generation) the ticket is released in ``finally``. While the sidecar drains, every
 request is refused with 429 ``slogate_draining`` before anything reaches llama-server.
 Each arrival the gate decides on is counted once, as offered demand or as a retry, and
-every 429 is remembered for the retries it will bring (``offered_demand``).
+every 429 is remembered for the retries it will bring (``offered_demand``). A body that
+cannot be read, parsed or gated raises ``BadRequest``, which ``app.json_errors`` answers.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-import logging
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
@@ -28,16 +28,15 @@ from slogate_llama.lines import Lines, LineTooLongError
 from slogate_llama.routes import Route, as_upstream_stream
 from slogate_llama.stream import Reassembler, carries_token, event, event_data, may_be_final, usage_of
 from slogate_sidecar import responses
+from slogate_sidecar.body import read_body
 from slogate_sidecar.drain import Draining
 from slogate_sidecar.lease import Lease, Origin, Usage
 from slogate_sidecar.offered_demand import attempt_of
-from slogate_sidecar.passthrough import upstream_timeout
+from slogate_sidecar.passthrough import upstream_failure, upstream_timeout
 from slogate_sidecar.prompt_tokens import count_prompt_tokens, estimate_prompt_tokens
 from slogate_sidecar.requests import BadRequest, ParsedRequest, parse_request, with_output_limit
 from slogate_sidecar.settings import PromptCounting
 from slogate_sidecar.state import Sidecar
-
-log = logging.getLogger("slogate.sidecar")
 
 MULTI_GENERATION_FIELDS = ("n", "n_cmpl")
 """Fields asking llama-server for several generations of one prompt (one slot each)."""
@@ -88,50 +87,15 @@ class InferenceProxy:
         key = api_key(request)
         return self.sc.settings.api_key_tenants.get(key) if key is not None else None
 
-    async def _read(self, request: web.Request, route: Route) -> ParsedRequest | web.Response:
-        """The validated request, or the 4xx that explains what is wrong with it."""
+    async def _read(self, request: web.Request, route: Route) -> ParsedRequest:
+        """The validated request; ``BadRequest`` (answered by ``app.json_errors``) if it is unfit."""
         settings = self.sc.settings
-        try:
-            # A client that trickles its body (slowloris) is cut off, not waited for.
-            async with asyncio.timeout(settings.client_read_timeout_s):
-                raw = await request.read()
-            parsed = parse_request(
-                route,
-                raw,
-                max_body_bytes=settings.max_body_bytes,
-                max_output_tokens=settings.max_output_tokens,
-            )
-            return self._one_generation(parsed)
-        except TimeoutError:
-            return responses.request_timeout()
-        except web.HTTPRequestEntityTooLarge:
-            return responses.error(
-                413,
-                f"request body over {settings.max_body_bytes} bytes",
-                kind="invalid_request_error",
-                code="body_too_large",
-            )
-        except BadRequest as bad:
-            return web.json_response(bad.body(), status=bad.status)
-        except responses.BODY_ERRORS as broken:  # a malformed chunked or compressed body
-            return responses.unreadable_body(broken)
-
-    @staticmethod
-    def _one_generation(parsed: ParsedRequest) -> ParsedRequest | web.Response:
-        """One request, one stream: the accounting (slots, KV, queue) depends on it.
-
-        llama-server runs ``n`` (OpenAI's) or ``n_cmpl`` (its own) generations of one
-        prompt in as many slots, and a batch prompt one per text."""
-        several = [field for field in MULTI_GENERATION_FIELDS if not _is_one(parsed.body.get(field))]
-        if parsed.prompt_count == 1 and not several:
-            return parsed
-        return responses.error(
-            400,
-            "slogate gates one generation per request: send one prompt, with n (and n_cmpl) = 1",
-            kind="invalid_request_error",
-            code="slogate_one_generation_per_request",
-            param="prompt" if parsed.prompt_count > 1 else several[0],
+        raw = await read_body(request, timeout_s=settings.client_read_timeout_s, max_bytes=settings.max_body_bytes)
+        parsed = parse_request(
+            route, raw, max_body_bytes=settings.max_body_bytes, max_output_tokens=settings.max_output_tokens
         )
+        one_generation(parsed)
+        return parsed
 
     def _output_tokens(self, parsed: ParsedRequest) -> int:
         """n_out per policy: max_tokens, the route's learned quantile, or the default; at least 1,
@@ -167,8 +131,6 @@ class InferenceProxy:
         if refused is not None:
             return refused
         parsed = await self._read(request, Route(request.path))
-        if isinstance(parsed, web.Response):
-            return parsed
         if sc.gate.drain.active:  # it began while the body arrived: no /tokenize call either
             return self._draining()
         class_name, tenant = self.classify(request), self.tenant_of(request)
@@ -212,7 +174,7 @@ class InferenceProxy:
             sc.demand.decided(retry=retry, request=Request(estimated, empty.output_tokens), config=sc.gate.config)
             return responses.rejection(pre)
         try:
-            return await count_prompt_tokens(sc.client, sc.settings.upstream, parsed, self._timeout())
+            return await count_prompt_tokens(sc.client, sc.settings.upstream, parsed, upstream_timeout(sc))
         except aiohttp.ClientResponseError as refused:
             if 400 <= refused.status < 500:  # llama-server refused this prompt: the client's problem
                 return responses.error(
@@ -221,9 +183,9 @@ class InferenceProxy:
                     kind="invalid_request_error",
                     code="invalid_prompt",
                 )
-            return self._upstream_failure(refused, started=False)
+            return upstream_failure(sc, refused)
         except (aiohttp.ClientError, TimeoutError, KeyError, ValueError) as failure:
-            return self._upstream_failure(failure, started=False)
+            return upstream_failure(sc, failure)
 
     async def _decide_and_serve(
         self,
@@ -268,7 +230,7 @@ class InferenceProxy:
         response: web.StreamResponse | None = None
         try:
             async with sc.client.post(
-                sc.settings.upstream + ex.route.value, json=body, timeout=self._timeout()
+                sc.settings.upstream + ex.route.value, json=body, timeout=upstream_timeout(sc)
             ) as upstream:
                 if upstream.status >= 400:
                     payload = await upstream.read()
@@ -302,9 +264,9 @@ class InferenceProxy:
             raise asyncio.CancelledError from None
         except (aiohttp.ClientError, TimeoutError) as failure:
             if response is None:
-                return self._upstream_failure(failure, started=False)
+                return upstream_failure(sc, failure)
             # Headers are gone: end the stream with an error event the client can parse.
-            self._upstream_failure(failure, started=True)
+            upstream_failure(sc, failure, started=True)
             error = {
                 "error": {
                     "message": f"upstream failed mid-stream: {failure!r}",
@@ -322,10 +284,6 @@ class InferenceProxy:
         self.sc.gate.drain.refuse()
         self.sc.metrics.drain_refusals.inc()
         return responses.draining()
-
-    def _timeout(self) -> aiohttp.ClientTimeout:
-        """Per upstream call: connect, then any silence longer than the read timeout, fails."""
-        return upstream_timeout(self.sc)
 
     def _observe(self, ex: Exchange, line: bytes, *, parse_all: bool) -> dict[str, Any] | None:
         """Parse an SSE line when needed: until the first token, at the end, or always."""
@@ -366,31 +324,24 @@ class InferenceProxy:
             ex.final_chunk = result
         return web.json_response(result, headers=headers)
 
-    def _upstream_failure(self, failure: BaseException, *, started: bool) -> web.Response:
-        """Map an upstream failure to 503 (down) or 504 (too slow); mark it down if refused."""
-        sc = self.sc
-        if isinstance(failure, aiohttp.ClientConnectorError):
-            sc.upstream_up = False
-            sc.metrics.record_upstream_error("unreachable")
-            log.warning("upstream %s unreachable: %s", sc.settings.upstream, failure)
-            return responses.not_ready("upstream llama-server is unavailable")
-        if isinstance(failure, TimeoutError | aiohttp.ServerTimeoutError):
-            sc.metrics.record_upstream_error("timeout")
-            return responses.error(504, "upstream llama-server timed out", kind="server_error", code="upstream_timeout")
-        sc.metrics.record_upstream_error("aborted")
-        log.warning("upstream failed%s: %r", " mid-stream" if started else "", failure)
-        return responses.error(
-            502,
-            f"upstream llama-server failed: {failure!r}",
-            kind="server_error",
-            code="upstream_error",
-        )
-
 
 def api_key(request: web.Request) -> str | None:
     """The key of ``Authorization: Bearer <key>``, or None."""
     auth = request.headers.get("Authorization", "")
     return auth[7:].strip() if auth.startswith("Bearer ") else None
+
+
+def one_generation(parsed: ParsedRequest) -> None:
+    """One request, one stream: the accounting (slots, KV, queue) depends on it, so anything
+    else is a ``BadRequest``. llama-server runs ``n`` (OpenAI's) or ``n_cmpl`` (its own)
+    generations of one prompt in as many slots, and a batch prompt one per text."""
+    several = [field for field in MULTI_GENERATION_FIELDS if not _is_one(parsed.body.get(field))]
+    if parsed.prompt_count > 1 or several:
+        raise BadRequest(
+            "slogate gates one generation per request: send one prompt, with n (and n_cmpl) = 1",
+            param="prompt" if parsed.prompt_count > 1 else several[0],
+            code="slogate_one_generation_per_request",
+        )
 
 
 def _is_one(value: object) -> bool:

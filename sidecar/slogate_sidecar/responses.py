@@ -1,12 +1,13 @@
-"""Every answer the sidecar makes itself: OpenAI-style errors, rejections, drain refusals, health."""
+"""Every answer the sidecar makes itself: OpenAI-style errors, rejections, drain refusals, health.
+
+A request the sidecar cannot read or parse is refused by raising ``bad_request.BadRequest``
+instead (``app.json_errors`` answers it), wherever that is found."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from aiohttp import web
-from aiohttp.http_exceptions import HttpProcessingError
-from aiohttp.web_protocol import RequestPayloadError
 
 from slogate_admission.decision import Decision, Reason
 from slogate_admission.retry import retry_after_whole_s
@@ -27,24 +28,6 @@ def error(
     if extra:
         body.update(extra)
     return web.json_response(body, status=status, headers=headers)
-
-
-BODY_ERRORS = (HttpProcessingError, RequestPayloadError)
-"""What reading a request body raises when its framing or encoding is broken (bad
-chunking, a Content-Encoding it does not have): the client's fault, a 400."""
-
-
-def unreadable_body(problem: Exception) -> web.Response:
-    """400 for a body that cannot be read as it claims to be encoded."""
-    reason = getattr(problem, "message", None) or str(problem)
-    return error(
-        400, f"request body unreadable: {str(reason).strip()}", kind="invalid_request_error", code="invalid_body"
-    )
-
-
-def request_timeout() -> web.Response:
-    """408: the body did not arrive within the client read timeout (a slow or stalled client)."""
-    return error(408, "request body not received in time", kind="invalid_request_error", code="request_timeout")
 
 
 def retry_after_header(seconds: float) -> str:

@@ -14,12 +14,13 @@ from typing import Any
 
 import aiohttp
 
-from slogate_bench.baselines import CountCapProxy, RateLimitProxy, serving
-from slogate_bench.limits import CountCap, RateLimit
-from slogate_bench.load import Run, run_arrivals
-from slogate_bench.process_fronts import CountCapFront
-from slogate_bench.workloads import Arrival
+from slogate_bench.live.baselines import CountCapProxy, RateLimitProxy, serving
+from slogate_bench.live.fronts import CountCapFront
+from slogate_bench.live.load import run_arrivals
+from slogate_bench.results import Run
 from slogate_calibration.runtime import LlamaServer
+from slogate_sim.limits import CountCap, RateLimit
+from slogate_sim.workloads import Arrival
 
 TIMEOUT_S = 300.0
 """Clients' patience here: generous, because llama-server's decode collapses (~200x measured)

@@ -2,7 +2,7 @@
 
 Two real llama-servers (one thread, two slots each), each behind its own `slogate sidecar`
 process, Debian's nginx in front (random, two tries, retry on 429 and 503:
-``slogate_bench.balancer``), and a steady load of short streamed chat completions through
+``slogate_bench.live.balancer``), and a steady load of short streamed chat completions through
 nginx. During the load, one pod's sidecar is stopped as Kubernetes stops a container
 (SIGTERM: it drains, then exits; started again on the same ports), then that pod's
 llama-server is restarted the Kubernetes way (its preStop hook, the sidecar's GET
@@ -35,7 +35,7 @@ from canned_profiles import smollm2_profile
 from sidecar_harness import thresholds_for
 from sidecar_process import SidecarProcess
 from slogate_admission.schema import CalibrationProfile, Thresholds
-from slogate_bench.balancer import TRIED_HEADER, Balancing, spawned_balancer, tries_of
+from slogate_bench.live.balancer import TRIED_HEADER, Balancing, spawned_balancer, tries_of
 from slogate_calibration.runtime import LlamaRuntime, LlamaServer
 from slogate_llama.counters import LlamaCounters
 

@@ -18,13 +18,14 @@ import aiohttp
 
 from slogate_admission.derivation import derive_thresholds
 from slogate_admission.schema import CalibrationProfile, Policy
-from slogate_bench.demo import wait_until_idle
-from slogate_bench.load import Result, request_with_retries, run_arrivals
-from slogate_bench.noisy_neighbour import gate_tallies, policies
-from slogate_bench.noisy_neighbour_report import LIGHT, NOISY
-from slogate_bench.process_fronts import SlogateFront
-from slogate_bench.workloads import Arrival
+from slogate_bench.live.fronts import SlogateFront
+from slogate_bench.live.load import request_with_retries, run_arrivals
+from slogate_bench.reports.tenants import LIGHT, NOISY
+from slogate_bench.results import Result
+from slogate_bench.runs.demo import wait_until_idle
+from slogate_bench.runs.noisy_neighbour import gate_tallies, policies
 from slogate_calibration.runtime import LlamaServer
+from slogate_sim.workloads import Arrival
 
 TIMEOUT_S = 120.0
 """Clients' patience: generous, a slow machine must not turn an admitted request into a timeout."""

@@ -11,8 +11,16 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from canned_profiles import NOW, smollm2_profile
-from slogate_admission.decision import GateConfig
-from slogate_admission.demand import RETRY_GRACE_S, Attempt, RetryMemory, offered_work_s, reference_capacity
+from slogate_admission.decision import GateConfig, Request
+from slogate_admission.demand import (
+    RETRY_GRACE_S,
+    Attempt,
+    Counted,
+    DemandBook,
+    RetryMemory,
+    offered_work_s,
+    reference_capacity,
+)
 from slogate_admission.derivation import derive_thresholds
 from slogate_admission.retry import effective_arrival_rate
 from slogate_admission.schema import Policy
@@ -147,3 +155,33 @@ def test_retries_with_keys_to_one_gate_count_each_request_once(unique: int, refu
     assert first_tries == unique
     assert arrivals == unique + refusals
     assert effective_arrival_rate(unique, refusals / arrivals) == pytest.approx(arrivals)
+
+
+def test_the_book_counts_first_tries_as_demand_and_retries_apart() -> None:
+    t = derive_thresholds(Policy.model_validate({"slo": {"ttftSeconds": 2}}), smollm2_profile(), derived_at=NOW)
+    config = GateConfig.from_thresholds(t)
+    book = DemandBook()
+    first = book.count(retry=False, request=Request(200, 64), config=config)
+    again = book.count(retry=True, request=Request(200, 64), config=config)
+    other = book.count(retry=False, request=Request(-5, 32), config=config)  # an estimate never counts below 0
+    assert first == Counted(False, 200, offered_work_s(config, 200, 64))
+    assert again == Counted(True, 200, first.work_s)  # priced alike, counted apart
+    assert other == Counted(False, 0, offered_work_s(config, 0, 32))
+    assert (book.offered_requests, book.offered_prompt_tokens, book.retried_requests) == (2, 200, 1)
+    assert book.offered_work_s == first.work_s + other.work_s
+
+
+def test_the_book_prices_nothing_without_a_config() -> None:
+    book = DemandBook()
+    assert book.count(retry=False, request=Request(512, 256), config=None) == Counted(False, 512, 0.0)
+    assert (book.offered_requests, book.offered_work_s) == (1, 0.0)
+
+
+def test_a_key_the_book_refused_is_a_retry_until_its_retry_after_and_grace_end() -> None:
+    book = DemandBook()
+    attempt = Attempt(key="idempotency-key:a", retry_count=None)
+    assert not book.is_retry(attempt, 10.0)
+    book.refused(attempt, 3.0, 10.0)
+    assert book.is_retry(attempt, 10.0 + 3.0 + RETRY_GRACE_S - 0.001)
+    assert not book.is_retry(attempt, 10.0 + 3.0 + RETRY_GRACE_S)
+    assert book.is_retry(Attempt(key=None, retry_count=1), 0.0)  # a try that says it is one

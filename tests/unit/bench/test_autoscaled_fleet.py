@@ -14,16 +14,16 @@ import pytest
 from chat_fleet import CHAT, SERVER, SLO_S, thresholds
 from project_files import ROOT
 from slogate_admission.demand import offered_work_s
-from slogate_bench import autoscale_report
-from slogate_bench.arrivals import RateCurve, arrivals
-from slogate_bench.autoscale_scenarios import oracle_replicas, pod_seconds, recovery_s, steady_mask
-from slogate_bench.autoscaler import HpaSpec, Signal
-from slogate_bench.capacity import capacity_rps
-from slogate_bench.scenario import SimulationConfig, SimulationResult
-from slogate_bench.simulated_fleet import OUTCOMES, Autoscaling, FleetRecord, RetryingClients
-from slogate_bench.simulated_fronts import Gated, SlogateFront
-from slogate_bench.simulated_routing import Routing
-from slogate_bench.simulator import simulate
+from slogate_bench.reports import autoscaling as autoscale_report
+from slogate_sim.arrivals import RateCurve, arrivals
+from slogate_sim.capacity import capacity_rps
+from slogate_sim.engine import simulate
+from slogate_sim.fleet import OUTCOMES, Autoscaling, FleetRecord, RetryingClients
+from slogate_sim.fronts import Gated, SlogateFront
+from slogate_sim.hpa import HpaSpec, Signal
+from slogate_sim.load_shapes import oracle_replicas, pod_seconds, recovery_s, steady_mask
+from slogate_sim.routing import Routing
+from slogate_sim.scenario import SimulationConfig, SimulationResult
 
 MU = capacity_rps(SERVER, CHAT, thresholds().concurrency_cap)
 
@@ -292,8 +292,8 @@ def test_outcomes_are_named() -> None:
 
 
 def test_the_published_block_is_the_published_json() -> None:
-    """docs/autoscaling.md's block is what autoscale_report renders from docs/bench/autoscaling.json
-    (regenerate with `make bench-autoscale`, or re-render with `python -m slogate_bench.autoscale_report`)."""
+    """docs/autoscaling.md's block is what reports.autoscaling renders from docs/bench/autoscaling.json
+    (regenerate with `make bench-autoscale`, or re-render with `python -m slogate_bench.reports.autoscaling`)."""
     raw = json.loads((ROOT / "docs" / "bench" / "autoscaling.json").read_text())
     doc = (ROOT / "docs" / "autoscaling.md").read_text()
     start, end = doc.index(autoscale_report.BEGIN), doc.index(autoscale_report.END) + len(autoscale_report.END)

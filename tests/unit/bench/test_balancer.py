@@ -14,7 +14,7 @@ import pytest
 from aiohttp import web
 
 from fake_upstream import serve
-from slogate_bench.balancer import TRIED_HEADER, Balancing, balancer_config, spawned_balancer, tries_of
+from slogate_bench.live.balancer import TRIED_HEADER, Balancing, balancer_config, spawned_balancer, tries_of
 
 pytestmark = pytest.mark.usefixtures("nginx_binary")
 

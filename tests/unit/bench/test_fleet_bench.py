@@ -16,11 +16,12 @@ import pytest
 
 from canned_profiles import smollm2_profile
 from fake_upstream import FakeUpstream, fake_upstream
-from slogate_bench.demo import demo_policy
-from slogate_bench.fleet_bench import FRONTS, FleetFront, Pod, fleet_in_front_of, fleet_row
-from slogate_bench.fleet_report import BEGIN, END, PLOTS, block, find, load_table, outcomes_table, render
-from slogate_bench.load import Outcome, Result, Run, run_arrivals
-from slogate_bench.workloads import Arrival, preset
+from slogate_bench.live.load import run_arrivals
+from slogate_bench.reports.fleet import BEGIN, END, PLOTS, block, find, load_table, outcomes_table, render
+from slogate_bench.results import Outcome, Result, Run
+from slogate_bench.runs.demo import demo_policy
+from slogate_bench.runs.fleet import FRONTS, FleetFront, Pod, fleet_in_front_of, fleet_row
+from slogate_sim.workloads import Arrival, preset
 
 SLO = 2.0
 A, B = "127.0.0.1:7001", "127.0.0.1:7002"
@@ -70,7 +71,7 @@ def test_a_row_counts_every_request_once_and_splits_the_completed_by_pod() -> No
 
 
 def fake_raw() -> dict[str, Any]:
-    """A fleet.json as fleet_bench writes it, for two fronts at two loads."""
+    """A fleet.json as runs.fleet writes it, for two fronts at two loads."""
     pod = Pod.derived(smollm2_profile(), demo_policy(SLO), preset("chat"))
     runs = []
     for load in (1.0, 4.0):

@@ -1,5 +1,5 @@
 """`make bench-fleet-sim`'s pieces on a small fleet.json of two canned pods: the replay sends the
-measured schedule, every routing has a share of central, and the report adds up to the JSON."""
+measured schedule, every routing has a share of least-pressure, and the report adds up to the JSON."""
 
 from __future__ import annotations
 
@@ -13,14 +13,14 @@ from rich.console import Console
 
 from canned_profiles import smollm2_profile
 from slogate_admission.derivation import derive_thresholds
-from slogate_bench import fleet_simulation
-from slogate_bench.capacity import ServerModel, capacity_rps
-from slogate_bench.demo import demo_policy
-from slogate_bench.fleet_simulation import MeasuredFleet, simulated_routing, study, validation
-from slogate_bench.fleet_simulation_report import BEGIN, END, block, load_verdicts, share_points
 from slogate_bench.published import replace_block
-from slogate_bench.simulated_routing import Routing
-from slogate_bench.workloads import preset, schedule
+from slogate_bench.reports.fleet_simulation import BEGIN, END, block, load_verdicts, share_points
+from slogate_bench.runs import fleet_simulation
+from slogate_bench.runs.demo import demo_policy
+from slogate_bench.runs.fleet_simulation import MeasuredFleet, simulated_routing, study, validation
+from slogate_sim.capacity import ServerModel, capacity_rps
+from slogate_sim.routing import Routing
+from slogate_sim.workloads import preset, schedule
 
 FRONTS = [  # (front, layer, nginx routing, tries), as `make bench-fleet` names them
     ("direct", "direct", "random", 1),
@@ -96,7 +96,7 @@ def test_the_replay_sends_each_measured_run_its_own_arrivals(tmp_path: Path) -> 
     assert by_load[("retry", 2.0)]["simulated_refused"] <= by_load[("random", 2.0)]["simulated_refused"]
 
 
-def test_the_study_scores_every_routing_against_central_and_the_report_adds_up(
+def test_the_study_scores_every_routing_against_least_pressure_and_the_report_adds_up(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     measured_fleet(tmp_path / "fleet.json")
@@ -106,7 +106,7 @@ def test_the_study_scores_every_routing_against_central_and_the_report_adds_up(
     rows = study(fleet, Console(quiet=True))
     routings = fleet_simulation.ROUTINGS
     assert len(rows) == 2 * len(routings)
-    assert all(r["share_of_central"] == 1.0 for r in rows if r["routing"] == "central")
+    assert all(r["share_of_least_pressure"] == 1.0 for r in rows if r["routing"] == "least-pressure")
     points = share_points(rows)
     assert set(points) == {(4, r, 1.0) for r in routings}
     for mean, low, high in points.values():

@@ -10,7 +10,7 @@ import pytest
 from canned_profiles import smollm2_profile
 from fake_upstream import fake_upstream
 from sidecar_harness import thresholds_for
-from slogate_bench.gate_process import spawned_gate
+from slogate_bench.live.gate_process import spawned_gate
 
 
 async def test_a_spawned_gate_serves_then_stops(tmp_path: Path) -> None:

@@ -8,7 +8,7 @@ import statistics
 
 import pytest
 
-from slogate_bench.intervals import Interval, compare, mean_interval, t_975
+from slogate_bench.reports.intervals import Interval, compare, mean_interval, t_975
 
 
 @pytest.mark.parametrize(("dof", "exact"), [(2, 4.303), (9, 2.262), (10, 2.228), (20, 2.086), (60, 2.000)])

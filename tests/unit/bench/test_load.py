@@ -22,11 +22,12 @@ import pytest
 from aiohttp import web
 
 from fake_upstream import fake_upstream, serve
-from slogate_bench.baselines import CountCapProxy, FifoLimiter, RateLimitProxy, TokenBucket, serving
-from slogate_bench.limits import CountCap, RateLimit, fair_count_cap, fair_rate_limit
-from slogate_bench.load import Result, Run, one_request, open_loop, request_with_retries, run_arrivals
-from slogate_bench.retries import RetryBudget, RetryPolicy, parse_retry_after
-from slogate_bench.workloads import PRESETS, Arrival, Workload, class_mix, preset, schedule
+from slogate_bench.live.baselines import CountCapProxy, FifoLimiter, RateLimitProxy, TokenBucket, serving
+from slogate_bench.live.load import one_request, open_loop, request_with_retries, run_arrivals
+from slogate_bench.live.retries import RetryBudget, RetryPolicy, parse_retry_after
+from slogate_bench.results import Result, Run
+from slogate_sim.limits import CountCap, RateLimit, fair_count_cap, fair_rate_limit
+from slogate_sim.workloads import PRESETS, Arrival, Workload, class_mix, preset, schedule
 
 # --- a scripted upstream: rejects on cue, counts every attempt it sees ---------------------------------------------
 

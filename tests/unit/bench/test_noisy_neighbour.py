@@ -1,4 +1,4 @@
-"""The noisy neighbour's analysis (``noisy_neighbour``, ``noisy_neighbour_report``) on canned
+"""The noisy neighbour's analysis (``noisy_neighbour``, ``reports.tenants``) on canned
 results: the arrivals each tenant is sent, the per-tenant tallies, the sidecar's counts read from
 its metrics, the means and goals, the section and the figure. No llama-server, no sidecar."""
 
@@ -17,18 +17,10 @@ from prometheus_client import CollectorRegistry, Counter, generate_latest
 from canned_profiles import smollm2_profile
 from slogate_admission.derivation import derive_thresholds
 from slogate_admission.schema import CalibrationProfile, Policy
-from slogate_bench import report_sections
-from slogate_bench.load import OUTCOME_COLUMNS, Outcome, Result, Run
-from slogate_bench.noisy_neighbour import (
-    LOADS,
-    VARIANTS,
-    gate_tallies,
-    policies,
-    run_row,
-    tally,
-    tenant_tallies,
-)
-from slogate_bench.noisy_neighbour_report import (
+from slogate_bench.reports import sections as report_sections
+from slogate_bench.reports.benchmarks import write_report
+from slogate_bench.reports.sections import tenants_sections
+from slogate_bench.reports.tenants import (
     B_ALONE,
     HEADING,
     LIGHT,
@@ -43,10 +35,18 @@ from slogate_bench.noisy_neighbour_report import (
     tenants_plot,
     tenants_section,
 )
-from slogate_bench.report import write_report
-from slogate_bench.report_sections import tenants_sections
-from slogate_bench.tenant_traffic import tenant_schedule
-from slogate_bench.workloads import preset
+from slogate_bench.results import OUTCOME_COLUMNS, Outcome, Result, Run
+from slogate_bench.runs.noisy_neighbour import (
+    LOADS,
+    VARIANTS,
+    gate_tallies,
+    policies,
+    run_row,
+    tally,
+    tenant_tallies,
+)
+from slogate_sim.tenant_traffic import tenant_schedule
+from slogate_sim.workloads import preset
 
 SLO = 2.0
 REPO = Path(__file__).resolve().parents[3]

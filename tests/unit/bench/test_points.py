@@ -11,10 +11,10 @@ import pytest
 from canned_profiles import smollm2_profile
 from slogate_admission.derivation import derive_thresholds
 from slogate_admission.schema import Policy
-from slogate_bench.capacity import ServerModel
-from slogate_bench.clairvoyant import bound_for_trace
-from slogate_bench.points import find, points, trace_bounds
-from slogate_bench.workloads import preset, schedule
+from slogate_bench.reports.points import find, points, trace_bounds
+from slogate_sim.capacity import ServerModel
+from slogate_sim.clairvoyant import bound_for_trace
+from slogate_sim.workloads import preset, schedule
 
 PROFILE = smollm2_profile()
 THRESHOLDS = derive_thresholds(

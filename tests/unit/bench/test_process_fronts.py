@@ -12,8 +12,8 @@ import aiohttp
 from canned_profiles import smollm2_profile
 from fake_upstream import fake_upstream
 from sidecar_harness import thresholds_for
-from slogate_bench.limits import CountCap, RateLimit
-from slogate_bench.process_fronts import CountCapFront, Front, RateLimitFront, line_up
+from slogate_bench.live.fronts import CountCapFront, Front, RateLimitFront, line_up
+from slogate_sim.limits import CountCap, RateLimit
 
 BODY = {"prompt": [1, 2, 3], "n_predict": 2, "stream": True}
 

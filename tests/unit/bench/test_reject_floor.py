@@ -17,12 +17,11 @@ from fake_upstream import serve
 from slogate_admission.decision import GateConfig, LiveState, Outcome, Request, decide
 from slogate_admission.derivation import derive_thresholds
 from slogate_admission.schema import Policy
-from slogate_bench import bare_rejector
-from slogate_bench.nginx import LIMIT_PATH, RETURN_PATH, nginx_config, spawned_nginx
-from slogate_bench.priority import descendants, parse_autogroup
-from slogate_bench.probes import PROBE_BODY, PROBE_CLASS, PROBE_HEADERS, curl_argv, parse_curl
-from slogate_bench.reject_floor import CONDITIONS, TARGETS, probe_policy
-from slogate_bench.reject_floor_report import (
+from slogate_bench.live import bare_rejector
+from slogate_bench.live.nginx import LIMIT_PATH, RETURN_PATH, nginx_config, spawned_nginx
+from slogate_bench.live.priority import descendants, parse_autogroup
+from slogate_bench.live.probes import PROBE_BODY, PROBE_CLASS, PROBE_HEADERS, curl_argv, parse_curl
+from slogate_bench.reports.reject_floor import (
     CARRIER,
     CLIENT_WAIT_LABEL,
     DOC_BEGIN,
@@ -32,7 +31,8 @@ from slogate_bench.reject_floor_report import (
     summarize,
     table,
 )
-from slogate_bench.suite import SLO_S
+from slogate_bench.runs.reject_floor import CONDITIONS, TARGETS, probe_policy
+from slogate_bench.runs.suite import SLO_S
 
 needs_nginx = pytest.mark.usefixtures("nginx_binary")  # fails, never skips, without nginx
 

@@ -12,14 +12,14 @@ import pytest
 from canned_profiles import smollm2_profile
 from slogate_admission.derivation import derive_thresholds
 from slogate_admission.schema import CalibrationProfile, Policy
-from slogate_bench import readme_numbers
-from slogate_bench.capacity import ServerModel, capacity_rps
-from slogate_bench.load import OUTCOME_COLUMNS, Outcome, Result, Run, outcome_counts
-from slogate_bench.noisy_neighbour_report import table_rows
-from slogate_bench.points import points, trace_bounds
-from slogate_bench.report import write_report
-from slogate_bench.targets import overhead_targets, targets
-from slogate_bench.workloads import preset
+from slogate_bench.reports import readme_numbers
+from slogate_bench.reports.benchmarks import write_report
+from slogate_bench.reports.goals import overhead_targets, targets
+from slogate_bench.reports.points import points, trace_bounds
+from slogate_bench.reports.tenants import table_rows
+from slogate_bench.results import OUTCOME_COLUMNS, Outcome, Result, Run, outcome_counts
+from slogate_sim.capacity import ServerModel, capacity_rps
+from slogate_sim.workloads import preset
 
 REPO = Path(__file__).resolve().parents[3]
 

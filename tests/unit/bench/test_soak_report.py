@@ -1,12 +1,12 @@
 """The soak block of docs/reliability.md accounts for every request, as re-rendered from the
-committed run (`python -m slogate_bench.soak --render`)."""
+committed run (`python -m slogate_bench.runs.soak --render`)."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
-from slogate_bench.soak import markdown
+from slogate_bench.runs.soak import markdown
 
 ROOT = Path(__file__).resolve().parents[3]
 OUTCOMES = ("within SLO", "served late", "rejected", "refused", "timed out", "errors")

@@ -16,17 +16,17 @@ from slogate_admission import gate_machine
 from slogate_admission.derivation import derive_thresholds
 from slogate_admission.ledger import Ticket
 from slogate_admission.schema import Policy, Thresholds
-from slogate_bench import tenant_simulation
-from slogate_bench.capacity import ServerModel, capacity_rps
-from slogate_bench.lengths import SampledLengths, TokenLengths
-from slogate_bench.scenario import SimulationConfig, SimulationResult, TenantCounts, Traced, trace_of
-from slogate_bench.simulated_fronts import Direct, Forward, FrontSpec, Gated, SlogateFront
-from slogate_bench.simulated_routing import Routing
-from slogate_bench.simulator import simulate
-from slogate_bench.tenant_simulation import fairness, jain_index, max_min_fair_shares
-from slogate_bench.tenant_simulation_report import FIGURE_LINK, tenant_simulation_section
-from slogate_bench.tenant_traffic import tenant_schedule, zipf_rates
-from slogate_bench.workloads import Workload, preset
+from slogate_bench.reports.tenant_simulation import FIGURE_LINK, tenant_simulation_section
+from slogate_bench.runs import tenant_simulation
+from slogate_bench.runs.tenant_simulation import fairness, jain_index, max_min_fair_shares
+from slogate_sim.capacity import ServerModel, capacity_rps
+from slogate_sim.engine import simulate
+from slogate_sim.fronts import Direct, Forward, FrontSpec, Gated, SlogateFront
+from slogate_sim.lengths import SampledLengths, TokenLengths
+from slogate_sim.routing import Routing
+from slogate_sim.scenario import SimulationConfig, SimulationResult, TenantCounts, Traced, trace_of
+from slogate_sim.tenant_traffic import tenant_schedule, zipf_rates
+from slogate_sim.workloads import Workload, preset
 
 SLO_S = 2.0
 SERVER = ServerModel.from_profile(smollm2_profile())

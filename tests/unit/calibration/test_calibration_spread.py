@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from slogate_bench.calibration_spread import DOC_BEGIN, DOC_END, StageClock, markdown, spread_row
+from slogate_bench.runs.calibration_spread import DOC_BEGIN, DOC_END, StageClock, markdown, spread_row
 
 ROOT = Path(__file__).resolve().parents[3]
 

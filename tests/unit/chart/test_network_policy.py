@@ -6,7 +6,7 @@ everyone; llama-server's own port admits nobody.
 
 Who may connect is decided by evaluating the policy as the API defines it (peers, selectors,
 ports) against the pod the operator's own injection builds, not by comparing it with a copy.
-The operator keeping it on a real API server: tests/unit/operator/test_operator_fence.py.
+The operator keeping it on a real API server: tests/envtest/test_operator_fence.py.
 """
 
 from __future__ import annotations

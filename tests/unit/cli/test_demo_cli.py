@@ -7,8 +7,8 @@ from typing import get_args
 
 from rich.console import Console
 
-from slogate_bench.demo import outcomes, table
-from slogate_bench.load import Outcome, Result, Run
+from slogate_bench.results import Outcome, Result, Run
+from slogate_bench.runs.demo import outcomes, table
 
 OUTCOMES = ("within SLO", "served late", "rejected", "refused", "timed out", "errors")
 

@@ -13,7 +13,7 @@ from pydantic import ValidationError
 
 from canned_profiles import smollm2_profile
 from slogate_admission.schema import CalibrationProfile
-from slogate_bench import demo
+from slogate_bench.runs import demo
 from slogate_calibration.calibrate import BudgetExceededError, CalibrationError
 from slogate_calibration.runtime import RuntimeNotFound
 from slogate_cli import calibrate_command, simulate_command

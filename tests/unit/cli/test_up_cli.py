@@ -15,7 +15,7 @@ from canned_profiles import NOW, smollm2_profile
 from ports import listening_port
 from slogate_admission.derivation import derive_thresholds
 from slogate_admission.schema import CalibrationProfile, Policy, Thresholds
-from slogate_bench import profile_cache
+from slogate_calibration import profile_cache
 from slogate_cli import up_command
 from slogate_cli.main import main
 
@@ -140,7 +140,7 @@ def test_the_thresholds_table_shows_how_each_l_max_is_derived() -> None:
 def test_up_uses_a_cached_profile_only_for_the_servers_fingerprint(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """`up`, `demo`, the benchmarks and the soak share one cache lookup (slogate_bench.profile_cache)."""
+    """`up`, `demo`, the benchmarks and the soak share one cache lookup (slogate_calibration.profile_cache)."""
     fingerprint, calibrations = "f" * 16, []
 
     async def identify_server(_settings: object) -> object:

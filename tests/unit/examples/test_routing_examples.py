@@ -23,7 +23,7 @@ import pytest
 import yaml
 
 from project_files import ROOT
-from slogate_bench.balancer import Balancing, balancer_config
+from slogate_bench.live.balancer import Balancing, balancer_config
 from slogate_operator import names
 from slogate_operator.builders import policy_label_value
 from slogate_operator.spec import SidecarSpec

@@ -15,13 +15,8 @@ from manifests import llama_deployment
 from slogate_cli.main import build_parser
 from slogate_operator import builders, names
 from slogate_operator.fingerprint import container_fingerprint, llama_container
-from slogate_operator.injection import (
-    SidecarConfig,
-    TargetClaimedError,
-    injected_template,
-    removed_template,
-    template_patch,
-)
+from slogate_operator.injection import TargetClaimedError, injected_template, removed_template, template_patch
+from slogate_operator.sidecar import SidecarConfig
 
 K8S = "1.33.0"  # native sidecars (restartPolicy on init containers) are GA from 1.33
 POLICY = builders.PolicyRef(name="smollm2", namespace="llm", uid="0f0e0d0c-0000-4000-8000-000000000001")

@@ -22,7 +22,8 @@ from slogate_operator.fingerprint import (
     fingerprint_inputs,
     llama_container,
 )
-from slogate_operator.injection import SidecarConfig, injected_template
+from slogate_operator.injection import injected_template
+from slogate_operator.sidecar import SidecarConfig
 
 Change = Callable[[dict[str, Any]], None]
 

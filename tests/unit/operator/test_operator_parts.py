@@ -17,7 +17,7 @@ from slogate_admission.derivation import derive_thresholds
 from slogate_admission.schema import Policy
 from slogate_calibration.output import compact_json
 from slogate_operator import names, targets
-from slogate_operator.calibration import FailureReason, JobState, job_outcome, retry_delay
+from slogate_operator.calibration import FailureReason, Finished, JobState, finished, job_outcome, retry_delay
 from slogate_operator.fingerprint import llama_container
 from slogate_operator.push import endpoints
 from slogate_operator.settings import OperatorSettings, SettingsError
@@ -91,6 +91,24 @@ def test_an_unfinished_job_runs_until_our_deadline() -> None:
     assert job_outcome(job(), [], now=NOW, deadline=DEADLINE).state is JobState.RUNNING
     stuck = job_outcome(job(created=NOW - timedelta(seconds=361)), [], now=NOW, deadline=DEADLINE)
     assert (stuck.state, stuck.reason) == (JobState.FAILED, FailureReason.TIMED_OUT)
+
+
+def test_a_job_ends_with_its_terminal_condition_only() -> None:
+    """One reader of a Job's end (calibration.finished): SuccessCriteriaMet and FailureTarget
+    come while its pods still terminate, so the Job still runs (holds a slot, is stopped)."""
+    assert finished(job()) is None
+    for early in ("SuccessCriteriaMet", "FailureTarget"):
+        assert finished(job({"type": early, "status": "True"})) is None
+        assert job_outcome(job({"type": early, "status": "True"}), [], now=NOW, deadline=DEADLINE).state is (
+            JobState.RUNNING
+        )
+    assert finished(job({"type": "Failed", "status": "False"})) is None
+    assert finished(job({"type": "SuccessCriteriaMet", "status": "True"}, COMPLETE)) == Finished(True, "Complete", "")
+    failed = {"type": "Failed", "status": "True", "reason": "DeadlineExceeded", "message": "too long"}
+    assert finished(job({"type": "FailureTarget", "status": "True"}, failed)) == Finished(
+        False, "DeadlineExceeded", "too long"
+    )
+    assert finished(job({"type": "Failed", "status": "True"})) == Finished(False, "Failed", "")
 
 
 def test_a_job_that_never_made_a_pod_says_why_it_may_not_have() -> None:

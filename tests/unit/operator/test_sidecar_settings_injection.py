@@ -17,7 +17,8 @@ from injected_sidecar import sidecar_settings
 from manifests import admission_policy, llama_deployment
 from project_files import SCHEMA
 from slogate_operator import names
-from slogate_operator.injection import SidecarConfig, injected_template, sidecar_container, template_patch
+from slogate_operator.injection import injected_template, template_patch
+from slogate_operator.sidecar import SidecarConfig, sidecar_container
 from slogate_operator.spec import SidecarSpec, SpecError, parse_spec
 from slogate_sidecar.settings import SidecarSettings
 

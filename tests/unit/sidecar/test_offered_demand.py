@@ -116,7 +116,7 @@ def test_only_429s_with_a_retry_after_are_remembered_draining_ones_included() ->
     meter.answered(Attempt(key="no-header"), refusal(None), now=0.0)
     meter.answered(Attempt(key="bad-header"), refusal("soon"), now=0.0)
     meter.answered(Attempt(key="draining"), responses.draining(), now=0.0)
-    assert len(meter.memory) == 1
+    assert len(meter.book.memory) == 1
     assert meter.is_retry(Attempt(key="draining"), now=1.0 + RETRY_GRACE_S - 0.01)
 
 

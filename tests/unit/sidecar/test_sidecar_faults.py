@@ -3,13 +3,21 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from collections.abc import Callable
 from pathlib import Path
 
+import aiohttp
+import pytest
+
 from canned_profiles import smollm2_profile
 from fake_upstream import fake_upstream
+from ports import listening_port
 from sidecar_harness import sidecar_in_front_of, thresholds_for
+from slogate_sidecar.app import build_sidecar, running
+from slogate_sidecar.settings import SidecarSettings
+from slogate_sidecar.state import Sidecar
 
 BODY = {"prompt": [1, 2, 3], "n_predict": 4}
 
@@ -157,3 +165,66 @@ async def test_bad_input_is_a_deliberate_4xx(tmp_path: Path) -> None:
             assert (await r.json())["error"]["code"] == "slogate_one_generation_per_request"
         assert fake.started == 0
         assert await gate.wait_idle()
+
+
+def upstream_errors(sidecar: Sidecar, kind: str) -> float | None:
+    """``slogate_upstream_errors_total{kind=...}`` as the sidecar would export it."""
+    return sidecar.metrics.registry.get_sample_value("slogate_upstream_errors_total", {"kind": kind})
+
+
+@pytest.mark.parametrize("path", ["/health", "/v1/models"])
+async def test_a_passthrough_to_a_refused_upstream_marks_it_down_and_is_counted(tmp_path: Path, path: str) -> None:
+    """A request forwarded undecided meets a dead llama-server as a generation would: 503,
+    the upstream marked down at once (readiness follows) and the failure counted."""
+    async with contextlib.AsyncExitStack() as upstream:
+        fake = await upstream.enter_async_context(fake_upstream())
+        # One poll, at start: from then on only the failed connection can tell the sidecar.
+        async with sidecar_in_front_of(fake.url, tmp_path, thresholds_for(smollm2_profile()),
+                                       poll_interval_s=3600) as gate:  # fmt: skip
+            assert gate.sidecar.upstream_up
+            await upstream.aclose()  # llama-server is gone: its port refuses connections
+            async with gate.session.get(gate.url + path) as r:
+                assert r.status == 503
+                assert r.headers["Retry-After"] == "1"
+                assert (await r.json())["error"]["code"] == "slogate_unavailable"
+            assert not gate.sidecar.upstream_up
+            async with gate.session.get(gate.url + "/readyz") as r:
+                assert r.status == 503
+            assert upstream_errors(gate.sidecar, "unreachable") == 1
+
+
+async def test_a_passthrough_to_a_silent_upstream_is_a_504_and_is_counted() -> None:
+    with listening_port() as silent:  # connections are accepted (the backlog), nothing is answered
+        settings = SidecarSettings(
+            upstream=f"http://127.0.0.1:{silent}", port=0, admin_port=0, upstream_read_timeout_s=0.3
+        )
+        sidecar = build_sidecar(settings)
+        async with (
+            running(sidecar) as (port, _),
+            aiohttp.ClientSession() as session,
+            session.get(f"http://127.0.0.1:{port}/v1/models") as r,
+        ):
+            assert r.status == 504
+            assert (await r.json())["error"]["code"] == "upstream_timeout"
+        assert upstream_errors(sidecar, "timeout") == 1
+        assert upstream_errors(sidecar, "unreachable") == 0
+
+
+async def test_a_passthrough_the_upstream_cuts_is_a_502_and_is_counted() -> None:
+    """A connection the upstream closes without an answer is a failed exchange (502), as for a generation."""
+
+    async def hang_up(_reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writer.close()
+
+    server = await asyncio.start_server(hang_up, "127.0.0.1", 0)
+    async with server:
+        upstream = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+        sidecar = build_sidecar(SidecarSettings(upstream=upstream, port=0, admin_port=0))
+        async with (
+            running(sidecar) as (port, _),
+            aiohttp.ClientSession() as session,
+            session.get(f"http://127.0.0.1:{port}/v1/models") as r,
+        ):
+            assert r.status == 502
+            assert (await r.json())["error"]["code"] == "upstream_error"
+        assert upstream_errors(sidecar, "aborted") == 1
