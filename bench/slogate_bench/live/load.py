@@ -52,6 +52,36 @@ class _Attempt:
     predicted_ttft_s: float | None = None
     upstreams: str | None = None
 
+    def result(
+        self,
+        started: float,
+        *,
+        attempts: int = 1,
+        rejections: tuple[float, ...] = (),
+        delays: tuple[float, ...] = (),
+        class_name: str | None,
+        prompt_tokens: int,
+        max_tokens: int,
+        tenant: str | None = None,
+    ) -> Result:
+        """The request's fate, this its last attempt, in seconds from its first (``started``)."""
+        return Result(
+            self.outcome,
+            self.status,
+            None if self.first_token_at is None else self.first_token_at - started,
+            self.ended_at - started,
+            self.retry_after_s,
+            attempts,
+            rejections,
+            delays,
+            class_name,
+            prompt_tokens,
+            max_tokens,
+            self.predicted_ttft_s,
+            upstreams=self.upstreams,
+            tenant=tenant,
+        )
+
 
 def _body(prompt: list[int], max_tokens: int) -> dict[str, object]:
     return {"prompt": prompt, "n_predict": max_tokens, "stream": True, "cache_prompt": False, "ignore_eos": True}
@@ -135,20 +165,14 @@ async def request_with_retries(
                 delays.append(delay)
                 await sleep(delay)
                 continue
-        return Result(
-            done.outcome,
-            done.status,
-            None if done.first_token_at is None else done.first_token_at - started,
-            done.ended_at - started,
-            done.retry_after_s,
-            attempts,
-            tuple(rejections),
-            tuple(delays),
-            arrival.class_name,
-            arrival.prompt_tokens,
-            arrival.max_tokens,
-            done.predicted_ttft_s,
-            upstreams=done.upstreams,
+        return done.result(
+            started,
+            attempts=attempts,
+            rejections=tuple(rejections),
+            delays=tuple(delays),
+            class_name=arrival.class_name,
+            prompt_tokens=arrival.prompt_tokens,
+            max_tokens=arrival.max_tokens,
             tenant=arrival.tenant,
         )
 
@@ -171,19 +195,9 @@ async def one_request(
     started = loop.time()
     headers = {"X-Slogate-Class": class_name} if class_name else {}
     done = await _attempt(session, url, _body(prompt, max_tokens), headers, started + timeout_s)
-    return Result(
-        done.outcome,
-        done.status,
-        None if done.first_token_at is None else done.first_token_at - started,
-        done.ended_at - started,
-        done.retry_after_s,
-        1,
-        (done.ended_at - started,) if done.outcome == "rejected" else (),
-        (),
-        class_name,
-        len(prompt),
-        max_tokens,
-        upstreams=done.upstreams,
+    rejections = (done.ended_at - started,) if done.outcome == "rejected" else ()
+    return done.result(
+        started, rejections=rejections, class_name=class_name, prompt_tokens=len(prompt), max_tokens=max_tokens
     )
 
 

@@ -47,7 +47,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import shutil
 import statistics
 import time
@@ -65,7 +64,7 @@ from slogate_admission.schema import CalibrationProfile, Policy, Thresholds
 from slogate_bench.live.balancer import Balancing, spawned_balancer
 from slogate_bench.live.fronts import DirectFront, Front, SlogateFront, line_up
 from slogate_bench.live.load import run_arrivals
-from slogate_bench.published import environment
+from slogate_bench.published import ran
 from slogate_bench.results import Run
 from slogate_bench.runs.demo import demo_policy
 from slogate_bench.runs.suite import LLAMA_NICENESS, SLO_S, schedule_seed
@@ -307,11 +306,7 @@ async def fleet_bench(state_dir: Path, console: Console, seconds: float) -> dict
     ended = datetime.now(UTC)
     count_caps = [line_up(p.thresholds, p.capacity_rps, SLO_S).count_cap.cap for p in pods]
     return {
-        "environment": environment(),
-        "started_at": started.isoformat(timespec="seconds"),
-        "ended_at": ended.isoformat(timespec="seconds"),
-        "duration_min": round((ended - started).total_seconds() / 60, 1),
-        "cpu_count": os.cpu_count(),
+        **ran(started, ended),
         "policy": policy.model_dump(mode="json", by_alias=True),
         "slo_s": SLO_S,
         "workload": workload.name,

@@ -30,7 +30,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -46,7 +45,7 @@ from slogate_admission.schema import CalibrationProfile, Policy, Thresholds
 from slogate_admission.tenant_schema import TenantsPolicy
 from slogate_bench.live.fronts import DirectFront, SlogateFront
 from slogate_bench.live.load import run_arrivals
-from slogate_bench.published import environment
+from slogate_bench.published import ran
 from slogate_bench.reports.tenants import (
     B_ALONE,
     DIRECT_NAME,
@@ -255,11 +254,7 @@ async def noisy_neighbour(
     ended = datetime.now(UTC)
     tenant_thresholds = derived[True].tenants
     raw: dict[str, Any] = {
-        "environment": environment(),
-        "started_at": started.isoformat(timespec="seconds"),
-        "ended_at": ended.isoformat(timespec="seconds"),
-        "duration_min": round((ended - started).total_seconds() / 60, 1),
-        "cpu_count": os.cpu_count(),
+        **ran(started, ended),
         "profile": profile.model_dump(mode="json", by_alias=True),
         "policy": with_tenants.model_dump(mode="json", by_alias=True),
         "tenant_thresholds": tenant_thresholds.model_dump(mode="json", by_alias=True) if tenant_thresholds else None,
