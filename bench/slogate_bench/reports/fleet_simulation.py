@@ -135,7 +135,7 @@ def block(raw: Mapping[str, Any]) -> str:
         f"every routing, size, load and schedule above; {statistics.fmean(promise):.2%} on average) had their "
         "first token within the SLO.",
         "",
-        "![share of least_pressure](bench/fleet-simulated.png)",
+        "![share of least-pressure](bench/fleet-simulated.png)",
         "",
         "### Speed",
         "",
