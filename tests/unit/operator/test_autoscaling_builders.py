@@ -11,8 +11,8 @@ from typing import Any
 import kubernetes_validate
 import pytest
 import yaml
-from keda_reference import keda_errors
 
+from keda_reference import keda_errors
 from project_files import ROOT
 from slogate_operator import names
 from slogate_operator.autoscaling import (
