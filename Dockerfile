@@ -28,6 +28,7 @@ COPY llama llama
 COPY calibration calibration
 COPY sidecar sidecar
 COPY operator operator
+COPY sim sim
 COPY bench bench
 COPY cli cli
 # Install, prove every subcommand imports, and byte-compile now: at run time the root
