@@ -173,4 +173,4 @@ def test_the_readme_walkthrough_runs_top_to_bottom(llama_runtime: LlamaRuntime, 
     assert "goodput" in table, table
     rows = [[cell.strip() for cell in line.split("│")[1:3]] for line in table.splitlines() if line.startswith("│")]
     loads = ["0.5x", "1x", "2x", "4x"]
-    assert rows == [[gate, load] for gate in ("none", "slogate") for load in loads], table
+    assert rows == [[gate, load] for gate in ("direct", "slogate") for load in loads], table
