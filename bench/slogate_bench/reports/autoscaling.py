@@ -119,7 +119,7 @@ def block(raw: Mapping[str, Any]) -> str:
         f"tries (`demand.reference_capacity`), AverageValue {targets['slogate-reference']:g} |",
         "| retrying clients | a refused client waits the 429's Retry-After header (the sidecar's: whole seconds, "
         "at least 1 s) and tries again through the balancer, twice at most (the OpenAI SDK's `max_retries`); a 400 "
-        "is not retried. Each pod counts demand with `demand.RetryMemory` (the sidecar's code) |",
+        "is not retried. Each pod counts demand with `demand.DemandBook` (the sidecar's code) |",
         "| oracle | replicas(t) = max(min, ⌈λ(t) / (0.7 · μ)⌉), each ready exactly when needed (it knows λ(t) in "
         "advance); its pod-seconds are their integral |",
         "| measured | from the end of the warm-up: *within SLO*, of the admitted requests (by their last try), "
