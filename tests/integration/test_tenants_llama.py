@@ -5,6 +5,9 @@ arrives: the share rule can never refuse it) while tenant A sends a burst of lon
 once. With ``spec.tenants``, B being active caps A at half of the class's queue budget, so
 some of A's burst is refused for ``tenant_share`` and none of B's; without it, the sidecar
 keeps no tenant books and refuses nothing for a share. Counts and orderings only.
+
+A's prompts are sized from the session's calibration (``PROMPT_SHARE`` of the TTFT budget
+each), never fixed: one fits, and two are past half the queue budget, on any machine.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from typing import Any
 
 import aiohttp
 
+from sidecar_harness import prompt_tokens_within
 from slogate_admission.derivation import derive_thresholds
 from slogate_admission.schema import CalibrationProfile, Policy
 from slogate_bench.live.fronts import SlogateFront
@@ -30,12 +34,15 @@ from slogate_sim.workloads import Arrival
 TIMEOUT_S = 120.0
 """Clients' patience: generous, a slow machine must not turn an admitted request into a timeout."""
 BURST = 16
-"""A's requests, sent 10 ms apart: each 300 tokens, so two queued already exceed half the budget."""
+"""A's requests, sent 10 ms apart."""
+PROMPT_SHARE = 0.4
+"""Each of A's prompts, at the calibration's margin, takes this share of the TTFT budget: one is
+admitted on an idle server, and two queued (0.8 of the budget in tokens) exceed A's half."""
 LIGHT_REQUESTS = 4
 
 
-def burst() -> list[Arrival]:
-    return [Arrival(0.01 * i, 1000 + 1000 * i, 300, 8, None, tenant=NOISY) for i in range(BURST)]
+def burst(prompt_tokens: int) -> list[Arrival]:
+    return [Arrival(0.01 * i, 1000 + 1000 * i, prompt_tokens, 8, None, tenant=NOISY) for i in range(BURST)]
 
 
 def light(i: int) -> Arrival:
@@ -55,10 +62,13 @@ async def noisy_neighbour(
     sidecar's own counts."""
     await wait_until_idle(server.url)
     thresholds = derive_thresholds(policy, profile, derived_at=datetime.now(UTC))
+    prompt_tokens = prompt_tokens_within(thresholds, PROMPT_SHARE)
+    assert prompt_tokens >= 4, f"the calibrated server prefills only {prompt_tokens} tokens in the share"
     async with SlogateFront(thresholds).in_front_of(server.url, work_dir) as gate:
         light_results = await one_by_one(gate.url, 0, 1)
         noisy_run, later = await asyncio.gather(
-            run_arrivals(gate.url, burst(), 1.0, timeout_s=TIMEOUT_S), one_by_one(gate.url, 1, LIGHT_REQUESTS - 1)
+            run_arrivals(gate.url, burst(prompt_tokens), 1.0, timeout_s=TIMEOUT_S),
+            one_by_one(gate.url, 1, LIGHT_REQUESTS - 1),
         )
         books = gate_tallies(await gate.metrics())
     return noisy_run.results, light_results + later, books
