@@ -74,6 +74,9 @@ class GateConfig:
     clamp_max_tokens: bool
     classes: Mapping[str, ClassLimits]
     default_class: str
+    ttft_margin_floor: float = 1.0
+    """The least TTFT margin any class admits against: the calibration's own timing noise at
+    the SLO's quantile (``ttft_error.Margin`` never drops below it). ``never_fits`` uses it."""
 
     @classmethod
     def from_thresholds(cls, t: Thresholds) -> GateConfig:
@@ -93,6 +96,7 @@ class GateConfig:
             clamp_max_tokens=t.clamp_max_tokens,
             classes=MappingProxyType(classes),
             default_class=t.default_class,
+            ttft_margin_floor=max(1.0, t.ttft_margin_prior),
         )
 
     def limits_for(self, class_name: str | None) -> ClassLimits:
@@ -166,14 +170,19 @@ class Decision(NamedTuple):
     output_tokens: int
     """The n_out reserved; lower than asked when ``clamped``."""
     clamped: bool = False
-    fits_ever: bool = True
-    """False: no waiting helps (prompt + output beyond a slot, or own prefill beyond the SLO)."""
+    never_fits: tuple[Reason, ...] = ()
+    """Why an idle gate would refuse it too (``never_fits``); empty: a wait may help."""
     retry_after_s: float | None = None
     """Seconds until capacity should exist; None when admitted or when it never will."""
     max_wait_s: float = 0.0
     """For DEFER: how long the request may wait for capacity."""
     defer_deadline: float | None = None
     """For DEFER: ``now + max_wait_s`` on the caller's clock."""
+
+    @property
+    def fits_ever(self) -> bool:
+        """False: no wait helps; the gate answers 400, never a 429 with a Retry-After."""
+        return not self.never_fits
 
 
 def decide(config: GateConfig, request: Request, state: LiveState, now: float) -> Decision:
@@ -191,7 +200,8 @@ def decide(config: GateConfig, request: Request, state: LiveState, now: float) -
     min(max wait, slack), unless more requests are ahead of it (in service, or deferred
     before it) than its class's L_max (Reason.QUEUE_FULL): the server would not free a
     slot for it in time. A predicted TTFT beyond the SLO is rejected at once: waiting
-    cannot make its first token earlier.
+    cannot make its first token earlier. A refused request that an idle gate would refuse
+    too (``never_fits``) is rejected with no Retry-After: no wait helps.
     """
     limits = config.limits_for(request.class_name)
     rate = state.prefill_tokens_per_s or config.prefill_tokens_per_s
@@ -228,18 +238,14 @@ def decide(config: GateConfig, request: Request, state: LiveState, now: float) -
     # Plain booleans, one tuple at the end: this runs per arrival (target: median ≤ 10 µs).
     reasons = _REASONS[ttft_short, kv_short, slots_short, decode_short]
     outcome = Outcome.ADMIT
-    fits_ever = True
+    never: tuple[Reason, ...] = ()
     retry: float | None = None
     max_wait = 0.0
     deadline: float | None = None
     if reasons:
         outcome = Outcome.REJECT
-        fits_ever = not (
-            own > limits.ttft_slo_s
-            or request.prompt_tokens + output_tokens > config.per_request_max_tokens
-            or kv_needed > config.kv_capacity_tokens
-        )
-    if reasons and fits_ever:
+        never = never_fits(config, request)
+    if reasons and not never:
         capacity_short = kv_short or slots_short or decode_short
         retry = max(
             retry_after_s(queued, max_queued, rate) if ttft_short else 0.0,
@@ -269,11 +275,43 @@ def decide(config: GateConfig, request: Request, state: LiveState, now: float) -
         concurrency_cap=limits.concurrency_cap,
         output_tokens=output_tokens,
         clamped=clamped,
-        fits_ever=fits_ever,
+        never_fits=never,
         retry_after_s=retry,
         max_wait_s=max_wait,
         defer_deadline=deadline,
     )
+
+
+def never_fits(config: GateConfig, request: Request) -> tuple[Reason, ...]:
+    """Why an idle gate at the calibration's margin floor would not admit ``request``; () if it would.
+
+    The one definition of "never fits": the sidecar answers such a request 400 with these
+    reasons (a 429's Retry-After would only bring it back), what-if reports it, the simulator
+    counts it unservable. Idle: nothing queued, no stream, the whole KV cache free, nothing
+    waited, the calibrated prefill rate, and the class's margin at its floor (first tokens can
+    widen a margin, never narrow it below that). ``decide`` on that state admits exactly when
+    this is empty (a property test holds them together); at O(1) it is what ``decide`` computes
+    with every live term zero:
+
+    - TTFT: m_floor · T_prefill(n_in) > the class's budget (≤ its SLO). A request of a lower
+      class whose prefill alone is deeper than the budget it inherits from a higher class
+      can never enter, however long it waits (issue 28: a 360-token ``batch`` prompt under a
+      1 s ``interactive`` budget got a 429 "retry after 1 s" for ever).
+    - KV: n_in + n_out beyond one slot or the whole cache, unless ``clampMaxTokens`` can
+      shorten n_out to fit.
+    - Concurrency and decode: a cap below one stream (never, for derived thresholds).
+    """
+    limits = config.limits_for(request.class_name)
+    own = config.prefill.seconds(request.prompt_tokens)
+    m = config.ttft_margin_floor
+    # decide's max_queued with nothing queued or waited, term for term (so the two agree to
+    # the last bit): the queue may hold a negative number of tokens.
+    ttft = min(limits.ttft_budget_s / m - own, limits.ttft_slo_s / m - own) * config.prefill_tokens_per_s < 0
+    room = min(config.kv_capacity_tokens, config.per_request_max_tokens)
+    kv = request.prompt_tokens + request.output_tokens > room and not (
+        config.clamp_max_tokens and room - request.prompt_tokens >= 1
+    )
+    return _REASONS[ttft, kv, limits.concurrency_cap < 1, config.decode_streams_cap < 1]
 
 
 def _reasons_table() -> dict[tuple[bool, bool, bool, bool], tuple[Reason, ...]]:

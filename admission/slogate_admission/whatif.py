@@ -6,11 +6,11 @@ Prefill here is the spec's single-rate model, own prefill = n_in / rate, so the
 worked example can be checked by hand.
 
 A request that can never fit gets the sidecar's verdict for it (its 400,
-``decision.decide``'s ``fits_ever``): ``admit`` false, ``fits_ever`` false, reason
-``never_fits`` beside the failed predicates, and ``retry_after_s`` null, because no
-wait helps. Never fits: its own prefill alone exceeds the TTFT SLO, or prompt +
-output exceed one slot's context (``slot_tokens``) or the whole KV cache
-(``kv_capacity_bytes``).
+``decision.never_fits``): ``admit`` false, ``fits_ever`` false, reason ``never_fits``
+beside the failed predicates, and ``retry_after_s`` null, because no wait helps. Never
+fits: its own prefill at the margin (``ttft_margin``, the gate's floor) exceeds the TTFT
+SLO with nothing queued, or prompt + output exceed one slot's context (``slot_tokens``)
+or the whole KV cache (``kv_capacity_bytes``).
 
 With tenants (``tenant_shares``): give what the request's tenant holds of the class's queued
 prompt tokens and the weights of the tenants active there; the token budget is the SLO
@@ -62,6 +62,9 @@ class WhatIfInputs:
     reject_fraction: float | None = None
     tenant_held_tokens: float | None = None
     tenant_weight: float = 1.0
+    ttft_margin: float = 1.0
+    """m: the gate admits when m · (queue wait + own prefill) is within the SLO. 1 is the median
+    prediction (the spec's worked example); a gate's least is the thresholds' ``ttftMarginPrior``."""
     active_tenant_weight: float | None = None
     """Σ w of the tenants active in the class, this one's included."""
 
@@ -108,10 +111,11 @@ def _ttft_section(i: WhatIfInputs, r: _Report) -> None:
             r.values["predicted_ttft_s"] = predicted_ttft_s(queued, rate, own)
     if own is None or slo is None:
         return
-    r.max_queued = max_queued_tokens(slo, own, rate)
+    r.max_queued = max_queued_tokens(slo / i.ttft_margin, own, rate)
     r.values["max_queued_tokens"] = r.max_queued
-    if own > slo:
-        # Fails with an empty queue too: known without queued_tokens.
+    if r.max_queued < 0:
+        # Not even an empty queue is shallow enough: never fits (decision.never_fits), known
+        # without queued_tokens.
         r.checked, r.never_fits = True, True
         r.reasons.append("ttft")
     elif queued is not None:
@@ -173,7 +177,7 @@ def _concurrency_section(i: WhatIfInputs, r: _Report) -> None:
 
 
 def _tenant_section(i: WhatIfInputs, r: _Report) -> None:
-    """Tenant shares: share = SLO · rate · w / Σ_active w; over it, ``tenant_share``."""
+    """Tenant shares: share = SLO · rate / m · w / Σ_active w; over it, ``tenant_share``."""
     held, active, rate, slo, n = (
         i.tenant_held_tokens,
         i.active_tenant_weight,
@@ -188,8 +192,9 @@ def _tenant_section(i: WhatIfInputs, r: _Report) -> None:
     )
     if absent or held is None or active is None or rate is None or slo is None or n is None:
         return
-    share = slo * rate * i.tenant_weight / max(active, i.tenant_weight)
-    excess = share_excess_tokens(held, n, i.tenant_weight, active, slo * rate)
+    budget = slo * rate / i.ttft_margin  # the queue's depth in tokens, as the gate's share rule
+    share = budget * i.tenant_weight / max(active, i.tenant_weight)
+    excess = share_excess_tokens(held, n, i.tenant_weight, active, budget)
     r.values["tenant_share_tokens"] = share
     r.values["tenant_excess_tokens"] = max(excess, 0.0)
     r.checked = True

@@ -2,7 +2,9 @@
 
 Give what you know; ``missing`` in the output names the inputs that would unlock more.
 The spec's worked example: ``--prefill-tps 1200 --ttft-slo 2 --prompt-tokens 800
---queued-tokens 1100``. A request that can never fit (its own prefill beyond the SLO, or
+--queued-tokens 1100``. ``--ttft-margin`` asks as a gate does, at its TTFT margin (its
+thresholds' ``ttftMarginPrior`` at least). A request that can never fit (its own prefill,
+at the margin, beyond the SLO, or
 prompt + output beyond ``--slot-tokens`` or ``--kv-capacity-bytes``) gets what the
 sidecar answers it, a 400: admit false, reason never_fits, retry_after_s null. With
 tenants, add what its tenant holds and the active tenants' weights: ``--tenant-held-tokens
@@ -50,6 +52,11 @@ FLAGS: dict[str, tuple[Callable[[str], float], str]] = {
     "--reject-fraction": (fraction, "p, the share rejected (retried at once)"),
     "--tenant-held-tokens": (non_negative_float, "prompt tokens its tenant holds in the class (queued or deferred)"),
     "--tenant-weight": (positive_float, "its tenant's weight (default 1)"),
+    "--ttft-margin": (
+        positive_float,
+        "m >= 1: admit when m x the predicted TTFT is within the SLO (default 1, the median; "
+        "a gate's least is its thresholds' ttftMarginPrior)",
+    ),
     "--active-tenant-weight": (
         positive_float,
         "sum of the weights of the tenants active in the class, its own included",
@@ -82,6 +89,8 @@ def check_inputs(args: argparse.Namespace) -> str | None:
     given = {flag for flag in FLAGS if getattr(args, _field(flag)) is not None}
     if not given:
         return "give at least one input, e.g. --prefill-tps 1200 --ttft-slo 2 --prompt-tokens 800 --queued-tokens 1100"
+    if args.ttft_margin is not None and args.ttft_margin < 1:
+        return f"--ttft-margin must be at least 1 (a gate never admits beyond its median), got {args.ttft_margin:g}"
     geometry = [flag for flag in GEOMETRY if flag in given]
     if geometry and "--kv-bytes-per-token" in given:
         return f"give --kv-bytes-per-token or {', '.join(GEOMETRY)}, not both"

@@ -40,6 +40,7 @@ def decision_details(decision: Decision) -> dict[str, Any]:
     return {
         "outcome": decision.outcome.value,
         "reasons": [r.value for r in decision.reasons],
+        "neverFits": [r.value for r in decision.never_fits],
         "class": decision.class_name,
         "predictedTtftSeconds": round(decision.predicted_ttft_s, 4),
         "ttftBudgetSeconds": decision.ttft_budget_s,
@@ -59,7 +60,8 @@ def rejection(decision: Decision) -> web.Response:
     if not decision.fits_ever:
         return error(
             400,
-            f"request can never be served within its limits ({reasons}): shorten the prompt or max_tokens",
+            f"request can never be served within its limits ({', '.join(r.value for r in decision.never_fits)}): "
+            f"{_never_fits_advice(decision)}",
             kind="invalid_request_error",
             code="slogate_request_too_large",
             extra=details,
@@ -79,6 +81,19 @@ def rejection(decision: Decision) -> web.Response:
         extra=details,
         headers={"Retry-After": retry_after_header(retry)},
     )
+
+
+def _never_fits_advice(decision: Decision) -> str:
+    """What the client can change, for the limits an idle server would still refuse."""
+    advice = []
+    if Reason.TTFT in decision.never_fits:
+        advice.append(
+            f"even on an idle server its prompt's prefill misses class {decision.class_name!r}'s "
+            f"{decision.ttft_budget_s:g} s TTFT budget; shorten the prompt, or send it in a class with a longer budget"
+        )
+    if Reason.KV in decision.never_fits:
+        advice.append("prompt + max_tokens exceed what one request may hold; shorten the prompt or max_tokens")
+    return "; ".join(advice) or "no wait helps"
 
 
 def not_ready(reason: str) -> web.Response:

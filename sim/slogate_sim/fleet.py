@@ -41,7 +41,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from slogate_admission.decision import Decision, GateConfig, Outcome, Request
+from slogate_admission.decision import Decision, GateConfig, Request, never_fits
 from slogate_admission.demand import Attempt, Capacity, DemandBook, reference_capacity
 from slogate_admission.retry import retry_after_whole_s
 from slogate_sim.fronts import SlogateFront
@@ -151,7 +151,6 @@ class Fleet:
         self._make_pod = make_pod
         self._add_route = add_route
         self.hpa = Hpa(autoscaling.hpa) if autoscaling is not None else None
-        self._idle: dict[int, SlogateFront] = {}
         """An idle gate per pod kind (by its thresholds): what refuses a request whatever the load."""
         self.pods: list[SimulatedPod] = []
         self.lives: list[PodLife] = []
@@ -325,17 +324,13 @@ class Fleet:
         self.outcome(req, UNSERVABLE if self._unservable(pod, req, decision) else REFUSED)
 
     def _unservable(self, pod: SimulatedPod, req: SimRequest, decision: Decision | None) -> bool:
-        """Whether an idle pod of ``pod``'s kind would refuse the request too."""
-        if decision is not None and not decision.fits_ever:
-            return True
+        """Whether an idle pod of ``pod``'s kind would refuse the request too (the core's
+        ``never_fits``, what its sidecar answers 400)."""
+        if decision is not None:
+            return not decision.fits_ever
         if not isinstance(pod.front, SlogateFront):
             return False
-        thresholds = pod.front.thresholds
-        idle = self._idle.get(id(thresholds))
-        if idle is None:
-            idle = self._idle[id(thresholds)] = SlogateFront(thresholds)
-        verdict = idle.machine.decide(Request(req.prompt_tokens, req.output_tokens), 0.0)
-        return verdict.outcome is Outcome.REJECT
+        return bool(never_fits(pod.front.machine.config, Request(req.prompt_tokens, req.output_tokens)))
 
     def outcome(self, req: SimRequest, code: int) -> None:
         """The request's final outcome (over all its tries)."""

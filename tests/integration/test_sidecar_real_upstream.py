@@ -140,6 +140,7 @@ async def test_kv_gate(llama_server: LlamaServer, calibrated_profile: Calibratio
             body = await r.json()
         assert body["error"]["code"] == "slogate_request_too_large"
         assert body["slogate"]["reasons"] == ["kv"]
+        assert body["slogate"]["neverFits"] == ["kv"]
         # Shrink the KV budget at runtime, hold 2,000 tokens, then ask for 1,500 more.
         small = thresholds.model_copy(update={"kv_capacity_tokens": 3000})
         assert (await gate.push(small.model_dump_json(by_alias=True))).status == 200

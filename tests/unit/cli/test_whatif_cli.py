@@ -100,6 +100,7 @@ def test_missing_inputs_are_named() -> None:
         (["--reject-fraction", "1"], "[0, 1)"),
         (["--no-such-flag", "3"], "unrecognized arguments"),
         (["--arrival-rate", "abc"], "not a number"),
+        (["--ttft-slo", "1", "--ttft-margin", "0.5"], "--ttft-margin must be at least 1"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(args: list[str], fragment: str) -> None:
@@ -124,6 +125,20 @@ def test_a_request_that_can_never_fit_is_not_told_to_retry() -> None:
     assert out["fits_ever"] is False
     assert out["reasons"] == ["ttft", "never_fits"]
     assert out["retry_after_s"] is None
+
+
+def test_at_the_gates_margin_a_prompt_within_the_slo_at_the_median_never_fits() -> None:
+    # 330 tokens at 330 tok/s: 1.0 s alone, within a 1.2 s SLO at the median prediction; at a
+    # gate's margin of 1.59 (the calibration's timing noise) 1.59 s, beyond it on an empty queue.
+    median = what_if("--prefill-tps", "330", "--ttft-slo", "1.2", "--prompt-tokens", "330", "--queued-tokens", "0")
+    assert median["admit"] is True
+    margin = what_if(
+        "--prefill-tps", "330", "--ttft-slo", "1.2", "--prompt-tokens", "330", "--queued-tokens", "0",
+        "--ttft-margin", "1.59",
+    )  # fmt: skip
+    assert margin["reasons"] == ["ttft", "never_fits"]
+    assert margin["retry_after_s"] is None
+    assert margin["max_queued_tokens"] < 0  # type: ignore[operator]
 
 
 def test_a_request_beyond_one_slot_never_fits() -> None:

@@ -104,6 +104,32 @@ async def test_a_full_kv_cache_is_refused(tmp_path: Path) -> None:
         assert await asyncio.gather(*held) == [200] * 2
 
 
+async def test_a_request_an_idle_gate_refuses_too_gets_400_without_retry_after(tmp_path: Path) -> None:
+    # The README walkthrough's classes (--slo-ttft 10 --classes interactive:1:1,batch): batch
+    # inherits interactive's 1 s budget, and a 360-token prompt needs more than that alone at
+    # the margin. It was a 429 "retry after 1 s" for ever; a retry never helps, so it is a 400.
+    thresholds = thresholds_for(
+        smollm2_profile(),
+        slo={"ttftSeconds": 10.0},
+        classes=[{"name": "interactive", "ttftSeconds": 1.0, "reservedSlots": 1}, {"name": "batch"}],
+    )
+    async with held_upstream() as fake, sidecar_in_front_of(fake.url, tmp_path, thresholds, **QUIET) as gate:
+        before = fake.generations
+        answer = await ask(gate, {"prompt": [1] * 360, "n_predict": 4}, headers={"X-Slogate-Class": "batch"})
+        assert answer.status == 400, answer
+        assert answer.retry_after is None
+        assert answer.body["error"]["code"] == "slogate_request_too_large"
+        assert answer.body["slogate"]["neverFits"] == ["ttft"]
+        assert answer.body["slogate"]["retryAfterSeconds"] is None
+        assert "class 'batch'" in answer.body["error"]["message"]
+        assert fake.generations == before
+        # The same gate, the same class, a prompt an idle gate admits: served.
+        fake.release()
+        short = await ask(gate, {"prompt": [1] * 40, "n_predict": 4}, headers={"X-Slogate-Class": "batch"})
+        assert short.status == 200, short
+        assert fake.generations == before + 1
+
+
 async def test_a_full_deferral_queue_is_refused(tmp_path: Path) -> None:
     thresholds = policy(cap=1, max_wait=30.0, l_max=1)  # no place to wait beyond the one slot
     async with held_upstream() as fake, sidecar_in_front_of(fake.url, tmp_path, thresholds, **QUIET) as gate:
