@@ -259,18 +259,20 @@ def longest_prompt_within(curve: PrefillCurve, seconds: float) -> int:
 def reference_prompt_warnings(t: Thresholds) -> tuple[str, ...]:
     """One line per class whose budget an idle server cannot meet for the reference prompt.
 
-    Such thresholds derive (short prompts are admitted) but every prompt longer than
-    ``longest_prompt_within`` the budget is rejected, however idle the server: worth
-    saying before the first 400s or 429s do."""
+    Such thresholds derive (short prompts are admitted) but every prompt whose prefill at the
+    margin floor is longer than the budget never fits (``decision.never_fits``: a 400,
+    however idle the server): worth saying before the first 400s do."""
     curve = t.prefill_curve
+    m = max(1.0, t.ttft_margin_prior)
     needed = curve.seconds(t.reference_prompt_tokens)
+    at_margin = "" if m == 1.0 else f", {needed * m:.2f} s at its timing margin {m:.2f}"
     warnings: list[str] = []
     for c in t.classes:
-        if c.ttft_budget_seconds < needed:
-            longest = longest_prompt_within(curve, c.ttft_budget_seconds)
+        if c.ttft_budget_seconds < needed * m:
+            longest = longest_prompt_within(curve, c.ttft_budget_seconds / m)
             warnings.append(
                 f"class {c.name!r}: prompts over {longest} tokens are never admitted within its "
                 f"{c.ttft_budget_seconds:g} s TTFT budget (a {t.reference_prompt_tokens}-token prompt "
-                f"needs {needed:.2f} s on the calibrated server)"
+                f"needs {needed:.2f} s on the calibrated server{at_margin})"
             )
     return tuple(warnings)

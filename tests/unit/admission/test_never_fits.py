@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from canned_profiles import NOW, smollm2_profile
 from slogate_admission.decision import GateConfig, LiveState, Outcome, Reason, Request, decide, never_fits
-from slogate_admission.derivation import derive_thresholds
+from slogate_admission.derivation import derive_thresholds, reference_prompt_warnings
 from slogate_admission.schema import CalibrationProfile, Policy, PrefillPoint, Thresholds
 from slogate_admission.whatif import WhatIfInputs, what_if
 
@@ -155,3 +155,15 @@ def test_what_if_at_the_floor_agrees_with_the_gate() -> None:
         )
         assert report["fits_ever"] is (gate == ()), prompt
         assert ("never_fits" in report["reasons"]) is (gate != ()), prompt  # type: ignore[operator]
+
+
+def test_derive_warns_of_the_prompts_that_never_fit_at_the_margin() -> None:
+    t = walkthrough_thresholds()
+    config = GateConfig.from_thresholds(t)
+    warnings = reference_prompt_warnings(t)
+    assert len(warnings) == 2  # interactive's 1 s budget binds both classes
+    longest = int(warnings[1].split("prompts over ")[1].split(" tokens")[0])
+    assert warnings[1].startswith("class 'batch'")
+    assert f"at its timing margin {t.ttft_margin_prior:.2f}" in warnings[1]
+    assert never_fits(config, Request(longest, 1, class_name="batch")) == ()
+    assert never_fits(config, Request(longest + 1, 1, class_name="batch")) == (Reason.TTFT,)
