@@ -73,6 +73,9 @@ from workload_state import (
     with_threads,
 )
 
+from slogate_admission.derivation import longest_admitted_prompt
+from slogate_admission.schema import Thresholds
+
 STEPS_DEPEND_ON_EACH_OTHER = True
 """conftest skips the later steps after a failure (each builds on the state the last left)."""
 
@@ -191,15 +194,20 @@ class TestSlogateOnARealCluster:
             f"kubectl -n {APP_NAMESPACE} get svc {example.service} -o yaml (targetPort must be the name "
             f"{example.target_port!r}, which the gate's port carries while injected)"
         )
+        # The interactive class has the tightest budget (1 s). Each prompt takes a third of it
+        # alone at the gate's margin, sized from the thresholds a sidecar enforces (a fixed
+        # length may never fit on a slower node: a 400, not the 429 asked here); 32 at once do not.
+        pod = running_pods(kube, example)[0]["metadata"]["name"]
+        thresholds = Thresholds.model_validate(sidecar_state(kube, example, pod)["thresholds"])
+        tokens = min(120, longest_admitted_prompt(thresholds, "interactive", share=1 / 3))
+        assert tokens >= 4, f"the calibrated pod prefills only {tokens} tokens in a third of the interactive budget"
         # kubectl resolves the Service's named targetPort in one pod: the gate's port.
         with port_forward(kube, APP_NAMESPACE, f"svc/{example.service}", example.service_port, hint=hint) as url:
-            # The interactive class has the tightest budget (1 s). Each 120-token prompt fits it
-            # alone (its own prefill is well under 1 s even at 200 tokens/s); 32 at once do not.
             for _ in range(5):
                 bodies = []
                 for _ in range(32):
                     start = rng.randrange(1000, 30000)  # distinct token ids: no prompt-cache reuse
-                    bodies.append({"prompt": list(range(start, start + 120)), "n_predict": 8})
+                    bodies.append({"prompt": list(range(start, start + tokens)), "n_predict": 8})
                 replies += burst_with_class(url, bodies, "interactive")
                 if sum(r.status == 429 for r in replies) >= 10:
                     break

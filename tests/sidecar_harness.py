@@ -14,8 +14,7 @@ from typing import Any
 import aiohttp
 
 from slogate_admission import drain_token
-from slogate_admission.decision import GateConfig
-from slogate_admission.derivation import derive_thresholds, longest_prompt_within
+from slogate_admission.derivation import derive_thresholds
 from slogate_admission.schema import CalibrationProfile, Policy, Thresholds
 from slogate_sidecar.app import build_sidecar, running
 from slogate_sidecar.settings import SidecarSettings
@@ -29,21 +28,6 @@ DRAIN_HEADERS = {drain_token.HEADER: drain_token.drain_token(TOKEN.encode())}
 def thresholds_for(profile: CalibrationProfile, **policy: Any) -> Thresholds:
     raw: dict[str, Any] = {"slo": {"ttftSeconds": 3.0}, **policy}
     return derive_thresholds(Policy.model_validate(raw), profile, derived_at=datetime.now(UTC))
-
-
-def prompt_tokens_within(thresholds: Thresholds, fraction: float) -> int:
-    """The longest prompt whose own prefill, at the calibration's margin, is ``fraction`` of the
-    default class's TTFT budget on an idle server.
-
-    Tests that overload the real llama-server size their prompts by it, so that a few fit
-    and many do not on whatever machine calibrated the session. A fixed length cannot: a
-    300-token prompt fits a 2 s budget at 300 prefill tokens/s, but on a busier machine
-    (218 tokens/s, margin 1.65 at the 0.99 quantile) its prediction alone is 2.24 s, every
-    one is refused, and neither a share nor an alert is ever reached.
-    """
-    config = GateConfig.from_thresholds(thresholds)
-    budget_s = config.limits_for(None).ttft_budget_s
-    return longest_prompt_within(config.prefill, fraction * budget_s / thresholds.ttft_margin_prior)
 
 
 @dataclass

@@ -256,6 +256,16 @@ def longest_prompt_within(curve: PrefillCurve, seconds: float) -> int:
     return n
 
 
+def longest_admitted_prompt(t: Thresholds, class_name: str | None = None, share: float = 1.0) -> int:
+    """The longest prompt an idle gate admits in the class with ``share`` of its TTFT budget:
+    the largest n with m_floor · T_prefill(n) ≤ share · budget. With share 1, every longer
+    prompt never fits (``decision.never_fits``); tests and benchmarks that must overload a
+    server of unknown speed size their prompts with a smaller share."""
+    classes = {c.name: c for c in t.classes}
+    budget_s = classes.get(class_name or t.default_class, classes[t.default_class]).ttft_budget_seconds
+    return longest_prompt_within(t.prefill_curve, share * budget_s / max(1.0, t.ttft_margin_prior))
+
+
 def reference_prompt_warnings(t: Thresholds) -> tuple[str, ...]:
     """One line per class whose budget an idle server cannot meet for the reference prompt.
 
@@ -269,7 +279,7 @@ def reference_prompt_warnings(t: Thresholds) -> tuple[str, ...]:
     warnings: list[str] = []
     for c in t.classes:
         if c.ttft_budget_seconds < needed * m:
-            longest = longest_prompt_within(curve, c.ttft_budget_seconds / m)
+            longest = longest_admitted_prompt(t, c.name)
             warnings.append(
                 f"class {c.name!r}: prompts over {longest} tokens are never admitted within its "
                 f"{c.ttft_budget_seconds:g} s TTFT budget (a {t.reference_prompt_tokens}-token prompt "

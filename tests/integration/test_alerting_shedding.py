@@ -19,7 +19,8 @@ from typing import Any
 import pytest
 
 from prometheus_process import Target, running_prometheus, wait_for
-from sidecar_harness import RunningSidecar, prompt_tokens_within, sidecar_in_front_of, thresholds_for
+from sidecar_harness import RunningSidecar, sidecar_in_front_of, thresholds_for
+from slogate_admission.derivation import longest_admitted_prompt
 from slogate_admission.schema import CalibrationProfile
 from slogate_calibration.runtime import LlamaServer
 from unit.chart.chart_tools import CHART, concrete, dashboard, dashboard_exprs, load_values, rule_groups
@@ -69,7 +70,7 @@ async def test_shedding_alert_quiet_at_low_load_firing_under_overload(
 ) -> None:
     rules = rule_groups(load_values(FAST_VALUES))
     thresholds = thresholds_for(calibrated_profile, slo={"ttftSeconds": 2.0}, deferral={"maxWaitSeconds": 0})
-    prompt_tokens = prompt_tokens_within(thresholds, 1 / 3)
+    prompt_tokens = longest_admitted_prompt(thresholds, share=1 / 3)
     assert prompt_tokens >= 4, f"the calibrated server prefills only {prompt_tokens} tokens in a third of 2 s"
     async with (
         sidecar_in_front_of(llama_server.url, tmp_path, thresholds) as gate,

@@ -19,8 +19,7 @@ from typing import Any
 
 import aiohttp
 
-from sidecar_harness import prompt_tokens_within
-from slogate_admission.derivation import derive_thresholds
+from slogate_admission.derivation import derive_thresholds, longest_admitted_prompt
 from slogate_admission.schema import CalibrationProfile, Policy
 from slogate_bench.live.fronts import SlogateFront
 from slogate_bench.live.load import request_with_retries, run_arrivals
@@ -62,7 +61,7 @@ async def noisy_neighbour(
     sidecar's own counts."""
     await wait_until_idle(server.url)
     thresholds = derive_thresholds(policy, profile, derived_at=datetime.now(UTC))
-    prompt_tokens = prompt_tokens_within(thresholds, PROMPT_SHARE)
+    prompt_tokens = longest_admitted_prompt(thresholds, share=PROMPT_SHARE)
     assert prompt_tokens >= 4, f"the calibrated server prefills only {prompt_tokens} tokens in the share"
     async with SlogateFront(thresholds).in_front_of(server.url, work_dir) as gate:
         light_results = await one_by_one(gate.url, 0, 1)

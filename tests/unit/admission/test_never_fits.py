@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from canned_profiles import NOW, smollm2_profile
 from slogate_admission.decision import GateConfig, LiveState, Outcome, Reason, Request, decide, never_fits
-from slogate_admission.derivation import derive_thresholds, reference_prompt_warnings
+from slogate_admission.derivation import derive_thresholds, longest_admitted_prompt, reference_prompt_warnings
 from slogate_admission.schema import CalibrationProfile, Policy, PrefillPoint, Thresholds
 from slogate_admission.whatif import WhatIfInputs, what_if
 
@@ -167,3 +167,15 @@ def test_derive_warns_of_the_prompts_that_never_fit_at_the_margin() -> None:
     assert f"at its timing margin {t.ttft_margin_prior:.2f}" in warnings[1]
     assert never_fits(config, Request(longest, 1, class_name="batch")) == ()
     assert never_fits(config, Request(longest + 1, 1, class_name="batch")) == (Reason.TTFT,)
+
+
+def test_the_longest_admitted_prompt_is_the_never_fits_boundary_at_a_share_of_the_budget() -> None:
+    t = walkthrough_thresholds()
+    config = GateConfig.from_thresholds(t)
+    for class_name in ("interactive", "batch", None):
+        longest = longest_admitted_prompt(t, class_name)
+        assert never_fits(config, Request(longest, 1, class_name=class_name)) == ()
+        assert never_fits(config, Request(longest + 1, 1, class_name=class_name)) == (Reason.TTFT,)
+    third = longest_admitted_prompt(t, "interactive", share=1 / 3)
+    assert 0 < third < longest_admitted_prompt(t, "interactive")
+    assert config.prefill.seconds(third) * config.ttft_margin_floor <= 1.0 / 3
