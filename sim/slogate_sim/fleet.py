@@ -151,7 +151,6 @@ class Fleet:
         self._make_pod = make_pod
         self._add_route = add_route
         self.hpa = Hpa(autoscaling.hpa) if autoscaling is not None else None
-        """An idle gate per pod kind (by its thresholds): what refuses a request whatever the load."""
         self.pods: list[SimulatedPod] = []
         self.lives: list[PodLife] = []
         for _ in range(initial):  # the starting fleet: ready at once
