@@ -10,16 +10,18 @@ a fake pod's address (the operator's threshold pushes) stays on a loopback.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import subprocess
 import threading
 import time
+import urllib.parse
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-from cluster_tools import Kube, metric_sum
+from cluster_tools import CommandError, Kube, metric_sum
 from kwok import MANAGED
 from suite import RELEASE, RELEASE_NAMESPACE, Example
 from workload_state import PEERING, WRITES, audit_mark, operator_calls
@@ -201,50 +203,93 @@ def wait_for_quiet(kube: Kube, quiet_s: float, *, limit_s: float) -> bool:
 
 
 class PodWatch:
-    """Every pod of the Deployment as created, from `kubectl get pods -w` (its first listing
-    included): name, pod-template-hash, container names. A pod's containers never change
-    after its admission, so its first event shows whether the webhook injected the gate."""
+    """Every pod of the Deployment as created: name, pod-template-hash, container names. A
+    pod's containers never change after its admission, so its first event shows whether the
+    webhook injected the gate.
+
+    A list, then a watch from the list's resourceVersion (``kubectl get --raw``: one JSON event
+    per line), resumed from the last version seen whenever the API server ends it. It does
+    end one on a busy machine: "Forcing pods watcher close due to unresponsiveness" when the
+    reader falls behind a 200-pod rollout, and `kubectl get -w` then simply exits, which once
+    left this watch blind after the first new pod. Only a 410 (the version compacted away)
+    lists again; ``rewatches`` counts the resumptions."""
 
     def __init__(self, kube: Kube) -> None:
+        self.kube = kube
         self.pods: dict[str, tuple[str, str, tuple[str, ...]]] = {}
+        self.rewatches = 0
         self._lock = threading.Lock()
-        self._process = subprocess.Popen(
-            ["kubectl", f"--kubeconfig={kube.kubeconfig}", "-n", NAMESPACE, "get", "pods", "-w", "-l", SELECTOR,
-             "--output-watch-events", "-o", "json"],
-            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
-        )  # fmt: skip
-        threading.Thread(target=self._read, daemon=True).start()
+        self._stopping = threading.Event()
+        self._process: subprocess.Popen[str] | None = None
+        threading.Thread(target=self._run, daemon=True).start()
 
-    def _read(self) -> None:
-        assert self._process.stdout is not None
-        lines: list[str] = []
-        for line in self._process.stdout:
-            lines.append(line)
-            if not line.rstrip().endswith("}"):  # an event is one line (or an indented object's last)
-                continue
-            try:
-                event, lines = json.loads("".join(lines)), []
-            except json.JSONDecodeError:
-                continue  # an inner brace of an indented object
-            pod = event.get("object") or {}
-            meta = pod.get("metadata") or {}
-            names = tuple(c["name"] for c in (pod.get("spec") or {}).get("containers") or ())
-            rs_hash = (meta.get("labels") or {}).get("pod-template-hash", "")
-            if meta.get("uid"):  # not a watch ERROR's Status
-                with self._lock:
-                    self.pods.setdefault(meta["uid"], (meta.get("name", ""), rs_hash, names))
+    def _record(self, pod: dict[str, Any]) -> None:
+        meta = pod.get("metadata") or {}
+        names = tuple(c["name"] for c in (pod.get("spec") or {}).get("containers") or ())
+        rs_hash = (meta.get("labels") or {}).get("pod-template-hash", "")
+        if meta.get("uid"):
+            with self._lock:
+                self.pods.setdefault(meta["uid"], (meta.get("name", ""), rs_hash, names))
+
+    def _run(self) -> None:
+        version = ""
+        while not self._stopping.is_set():
+            # A list that failed, or a line cut short by a dying kubectl: again from `version`.
+            with contextlib.suppress(CommandError, json.JSONDecodeError, KeyError):
+                version = self._watch(version)
+            if not self._stopping.is_set():
+                self.rewatches += 1
+                time.sleep(0.5)
+
+    def _watch(self, version: str) -> str:
+        """One list (when ``version`` is empty) and one watch; the version to resume from."""
+        if not version:
+            listing = self.kube.json("-n", NAMESPACE, "get", "pods", "-l", SELECTOR, hint="kubectl get pods")
+            for pod in listing["items"]:
+                self._record(pod)
+            version = listing["metadata"]["resourceVersion"]
+        query = urllib.parse.urlencode(
+            {"watch": 1, "allowWatchBookmarks": "true", "labelSelector": SELECTOR, "resourceVersion": version}
+        )
+        with self._lock:
+            if self._stopping.is_set():
+                return version
+            self._process = subprocess.Popen(
+                ["kubectl", f"--kubeconfig={self.kube.kubeconfig}", "get", "--raw",
+                 f"/api/v1/namespaces/{NAMESPACE}/pods?{query}"],
+                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+            )  # fmt: skip
+        process = self._process
+        assert process.stdout is not None
+        try:
+            for line in process.stdout:
+                event = json.loads(line)
+                if event["type"] == "ERROR":  # a Status: 410 Gone means list again
+                    return "" if event["object"].get("code") == 410 else version
+                version = event["object"]["metadata"]["resourceVersion"]
+                if event["type"] != "BOOKMARK":
+                    self._record(event["object"])
+            return version
+        finally:
+            process.terminate()
+            process.wait()
 
     def seen(self) -> dict[str, tuple[str, str, tuple[str, ...]]]:
         with self._lock:
             return dict(self.pods)
 
     def close(self) -> None:
-        self._process.terminate()
+        with self._lock:
+            self._stopping.set()
+            process = self._process
+        if process is None:
+            return
+        process.terminate()
         try:
-            self._process.wait(timeout=10)
+            process.wait(timeout=10)
         except subprocess.TimeoutExpired:
-            self._process.kill()
-            self._process.wait()
+            process.kill()
+            process.wait()
 
 
 def newest_hash(kube: Kube) -> str:

@@ -174,7 +174,8 @@ def test_a_rolling_restart_of_200_pods_gates_every_new_pod_at_a_pass_per_coalesc
     of_new = [name for name, rs_hash, _ in created.values() if rs_hash == new]
     coalesce = settings.coalesce_seconds
     print(f"\nrolling restart of {REPLICAS} gated pods (kwok nodes, real API server and controllers): "
-          f"{len(created)} pods created ({len(of_new)} of the new ReplicaSet), {len(ungated)} without the gate; "
+          f"{len(created)} pods created ({len(of_new)} of the new ReplicaSet), {len(ungated)} without the gate "
+          f"(the watch resumed {watch.rewatches} times); "
           f"rollout complete after {rollout_s:.0f} s, operator quiet {'after' if quiet else 'NOT within'} "
           f"{window.seconds:.0f} s (coalesce_seconds {coalesce:g})\n  rollout: {window.line()}\n"
           f"  idle afterwards: {steady.line()}\n  push failures logged in the last {IDLE_S:g} s: {warned}")  # fmt: skip

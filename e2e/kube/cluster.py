@@ -39,9 +39,18 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from control_plane import AUDIT_LOG, Binaries, ControlPlane, cache_dir, free_port, wait_for
 from kwok import Kwok
+from machine_lock import MachineBusyError, MachineLock, wait_from_environment
 from network import API_SERVICE_IP, HOST_IP, POD_CIDR, SERVICE_CIDR, Network, cni_config
 from pki import Pki
-from teardown import cgroup_processes, end_processes, kill_cgroup_processes, remove_cgroups, unmount_below
+from teardown import (
+    cgroup_processes,
+    end_processes,
+    kill_cgroup_processes,
+    network_namespaces,
+    remove_cgroups,
+    remove_network_namespaces,
+    unmount_below,
+)
 
 __all__ = ["AUDIT_LOG", "Binaries", "Cluster", "Kwok", "built_images", "llama_server_image"]
 NODE = "slogate-node"
@@ -83,6 +92,8 @@ class Cluster:
     kwok: Kwok | None = None
     """Started last when given: the fake nodes' kubelet (the e2e suite always gives it)."""
     plane: ControlPlane = field(init=False)
+    lock: MachineLock = field(default_factory=MachineLock)
+    """Held from `start()` to `stop()`: one cluster per machine (machine_lock.py)."""
 
     def __post_init__(self) -> None:
         self.plane = ControlPlane(self.workdir, self.binaries, HOST_IP, API_PORT, SERVICE_CIDR)
@@ -110,9 +121,18 @@ class Cluster:
     def start(self, images: list[Path] | None = None) -> None:
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.logs.mkdir(exist_ok=True)
+        # The machine first, then a check that no other run left its network behind: both
+        # before the `try`, whose cleanup would remove another cluster's bridge and pods.
+        self.lock.acquire(self.workdir, wait_s=wait_from_environment())
+        try:
+            self.network.check_free()
+        except BaseException:
+            self.lock.release()
+            raise
         try:
             self.network.up()
             self._save_kernel_tunables()
+            (self.workdir / "netns.before").write_text("".join(f"{n}\n" for n in sorted(network_namespaces())))
             self.pki.create(server_ips=[HOST_IP, API_SERVICE_IP, "127.0.0.1"], node=NODE,
                             server_names=["kubernetes", "kubernetes.default", "kubernetes.default.svc",
                                           "kubernetes.default.svc.cluster.local", "localhost"])  # fmt: skip
@@ -290,8 +310,15 @@ state = "{root / "state"}"
         prefix = str(self.workdir.resolve()) + "/"
         found += [f"mount {m}" for m in (line.split()[1] for line in Path("/proc/self/mounts").read_text().splitlines())
                   if m.startswith(prefix)]  # fmt: skip
+        found += [f"network namespace {n}" for n in self._namespaces_made()]
         found += self.network.leftovers()
         return found
+
+    def _namespaces_made(self) -> set[str]:
+        """The pod network namespaces that came after this run started (none known without
+        its record: another run's are never this one's to remove)."""
+        before = self.workdir / "netns.before"
+        return network_namespaces() - set(before.read_text().split()) if before.exists() else set()
 
     def _save_kernel_tunables(self) -> None:
         saved = {k: Path("/proc/sys", k).read_text().strip() for k in KERNEL_TUNABLES}
@@ -308,6 +335,7 @@ state = "{root / "state"}"
         unmount_below(self.workdir)
         for root in CGROUP_ROOTS:
             remove_cgroups(root)
+        remove_network_namespaces(self._namespaces_made())
         self.network.down()
         saved = self.workdir / "kernel.saved"
         if saved.exists():
@@ -315,6 +343,7 @@ state = "{root / "state"}"
                 Path("/proc/sys", key).write_text(value)
             saved.unlink()
         self.plane.processes.clear()
+        self.lock.release()
 
 
 def main(argv: list[str]) -> int:
@@ -323,6 +352,16 @@ def main(argv: list[str]) -> int:
         return 2
     cluster = Cluster(Path(argv[2]).resolve(), Binaries.from_cache(), Kwok.from_cache())
     if argv[1] == "down":
+        # A crashed or kept run's leftovers; never another live run's cluster, whose network
+        # and pods a stop would take with it (the cgroups and the bridge are the machine's).
+        try:
+            cluster.lock.acquire(cluster.workdir, wait_s=0)
+        except MachineBusyError:
+            holder = cluster.lock.holder()
+            if not holder.endswith(f"run directory {cluster.workdir}"):
+                print(f"a live run holds the machine ({holder}), not {cluster.workdir}: stopping this "
+                      "would take that run's network and pods; stop that run instead", file=sys.stderr)  # fmt: skip
+                return 1
         cluster.stop()
         shutil.rmtree(cluster.workdir, ignore_errors=True)
         return 0
@@ -332,7 +371,11 @@ def main(argv: list[str]) -> int:
     asked = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: asked.set())
-    cluster.start(built_images())
+    try:
+        cluster.start(built_images())
+    except MachineBusyError as busy:
+        print(busy, file=sys.stderr)
+        return 1
     print(f"cluster up: kubectl --kubeconfig {cluster.admin_kubeconfig} get nodes   (Ctrl-C stops it)", flush=True)
     while not asked.wait(1.0):
         pass

@@ -59,12 +59,17 @@ class Network:
 
     state_dir: Path
 
-    def up(self) -> None:
+    def check_free(self) -> None:
+        """Raises when the bridge is there already: a run that held the machine (machine_lock.py)
+        was killed, or kept its cluster, and left its network."""
         if link_exists(BRIDGE):
             raise NetworkError(
-                f"link {BRIDGE} exists: another slogate cluster runs on this machine, or one was left behind "
-                f"(`python3 e2e/kube/cluster.py down` removes it)"
+                f"link {BRIDGE} exists, and no live run holds the machine: a cluster was kept or left "
+                f"behind (`python3 e2e/kube/cluster.py down DIR` removes it; DIR is its run directory)"
             )
+
+    def up(self) -> None:
+        self.check_free()
         self.state_dir.mkdir(parents=True, exist_ok=True)
         saved = {key: Path("/proc/sys", key).read_text().strip() for key in SYSCTLS}
         (self.state_dir / "sysctl.saved").write_text("".join(f"{k}={v}\n" for k, v in saved.items()))

@@ -107,3 +107,21 @@ def cgroup_processes(name: str) -> set[int]:
             with contextlib.suppress(OSError):
                 found.update(int(p) for p in procs.read_text().split())
     return found
+
+
+NETNS_DIR = Path("/var/run/netns")
+"""Where the CNI plugins pin each pod sandbox's network namespace (`cni-<uuid>`)."""
+
+
+def network_namespaces() -> set[str]:
+    """The names of the pod network namespaces on the machine (the `cni-*` under NETNS_DIR)."""
+    return {p.name for p in NETNS_DIR.glob("cni-*")} if NETNS_DIR.is_dir() else set()
+
+
+def remove_network_namespaces(names: set[str]) -> None:
+    """Unpin and delete these namespaces, each only when no process is left in it. A runtime
+    killed before it tore its sandboxes down leaves them pinned (a bind mount of nsfs)."""
+    for name in sorted(names):
+        inside = subprocess.run(["ip", "netns", "pids", name], capture_output=True, text=True, check=False)
+        if inside.returncode == 0 and not inside.stdout.strip():
+            subprocess.run(["ip", "netns", "delete", name], capture_output=True, check=False)
