@@ -327,23 +327,26 @@ state = "{root / "state"}"
     def stop(self) -> None:
         """Idempotent; also from another process (`down`): what runs is found by the run's
         directory in its command line."""
-        end_processes(str(self.workdir.resolve()), STOP_ORDER)
-        if (self.workdir / "kube-proxy.yaml").exists():
-            subprocess.run([self.binaries.k8s("kube-proxy"), "--cleanup", "--v=0"], capture_output=True, check=False)
-        for root in CGROUP_ROOTS:
-            kill_cgroup_processes(root)
-        unmount_below(self.workdir)
-        for root in CGROUP_ROOTS:
-            remove_cgroups(root)
-        remove_network_namespaces(self._namespaces_made())
-        self.network.down()
-        saved = self.workdir / "kernel.saved"
-        if saved.exists():
-            for key, value in json.loads(saved.read_text()).items():
-                Path("/proc/sys", key).write_text(value)
-            saved.unlink()
-        self.plane.processes.clear()
-        self.lock.release()
+        try:
+            end_processes(str(self.workdir.resolve()), STOP_ORDER)
+            if (self.workdir / "kube-proxy.yaml").exists():
+                cleanup = [self.binaries.k8s("kube-proxy"), "--cleanup", "--v=0"]
+                subprocess.run(cleanup, capture_output=True, check=False)
+            for root in CGROUP_ROOTS:
+                kill_cgroup_processes(root)
+            unmount_below(self.workdir)
+            for root in CGROUP_ROOTS:
+                remove_cgroups(root)
+            remove_network_namespaces(self._namespaces_made())
+            self.network.down()
+            saved = self.workdir / "kernel.saved"
+            if saved.exists():
+                for key, value in json.loads(saved.read_text()).items():
+                    Path("/proc/sys", key).write_text(value)
+                saved.unlink()
+            self.plane.processes.clear()
+        finally:
+            self.lock.release()  # last, and also when a step above raised
 
 
 def main(argv: list[str]) -> int:
