@@ -1,4 +1,5 @@
-"""Render the Helm chart offline and hand its parts to the tools that check them.
+"""Render the Helm chart offline and hand its parts to the tools that check them; load the
+end-to-end suite's modules for the tests of its parts that run without a cluster.
 
 Shared by the chart tests here and by tests/integration/test_alerting_shedding.py (which
 imports it as ``unit.chart.chart_tools``: tests/ is on sys.path through its conftest).
@@ -6,13 +7,16 @@ imports it as ``unit.chart.chart_tools``: tests/ is on sys.path through its conf
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import re
 import shutil
 import subprocess
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import helm_python
@@ -23,6 +27,7 @@ CHART = REPO / "charts" / "slogate"
 CI_VALUES = sorted((CHART / "ci").glob("*.yaml"))
 RELEASE = "slogate"
 NAMESPACE = "slogate-system"
+E2E = REPO / "e2e"
 
 # API groups whose objects are custom resources (no built-in schema in kubernetes-validate).
 CUSTOM_GROUPS = frozenset({"slogate.dev", "kopf.dev", "monitoring.coreos.com"})
@@ -153,3 +158,22 @@ def promtool() -> str:
 
 def run_promtool(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run([promtool(), *args], capture_output=True, text=True, timeout=120, check=False, cwd=cwd)
+
+
+def load_e2e(relative: str) -> ModuleType:
+    """An e2e/ module by its path under e2e/ without ``.py`` (``"suite"``, ``"kube/machine_lock"``),
+    under a name no test module uses."""
+    # e2e modules import each other, and e2e/kube's (conftest puts both on the path), by bare name
+    sys.path[:0] = [str(E2E), str(E2E / "kube")]
+    try:
+        name = "slogate_e2e_" + relative.replace("/", "_")
+        spec = importlib.util.spec_from_file_location(name, E2E / f"{relative}.py")
+        assert spec is not None
+        assert spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = module  # dataclasses look their module up there
+        spec.loader.exec_module(module)
+        return module
+    finally:
+        sys.path.remove(str(E2E))
+        sys.path.remove(str(E2E / "kube"))

@@ -3,7 +3,6 @@ skips), what it deploys, its parsers and checks."""
 
 from __future__ import annotations
 
-import importlib.util
 import socket
 import subprocess
 import sys
@@ -11,11 +10,10 @@ import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pytest
-from chart_tools import REPO, load_values, one, render
+from chart_tools import E2E, REPO, load_e2e, load_values, one, render
 
 from canned_profiles import NOW, smollm2_profile
 from slogate_admission.decision import GateConfig, LiveState, Request, decide
@@ -23,29 +21,9 @@ from slogate_admission.derivation import derive_thresholds
 from slogate_admission.schema import Policy
 from slogate_sidecar.metrics import SidecarMetrics
 
-E2E = REPO / "e2e"
-
-
-def load(name: str) -> ModuleType:
-    """An e2e/ module by path, under a name no test module uses."""
-    # e2e modules import each other, and e2e/kube's (conftest puts both on the path), by bare name
-    sys.path[:0] = [str(E2E), str(E2E / "kube")]
-    try:
-        spec = importlib.util.spec_from_file_location(f"slogate_e2e_{name}", E2E / f"{name}.py")
-        assert spec is not None
-        assert spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[spec.name] = module  # dataclasses look their module up there
-        spec.loader.exec_module(module)
-        return module
-    finally:
-        sys.path.remove(str(E2E))
-        sys.path.remove(str(E2E / "kube"))
-
-
-tools = load("cluster_tools")
-suite = load("suite")
-state = load("workload_state")
+tools = load_e2e("cluster_tools")
+suite = load_e2e("suite")
+state = load_e2e("workload_state")
 
 
 # ---------------------------------------------------------------- preflight: fail, never skip

@@ -4,7 +4,6 @@ run killed outright frees the machine. The holder here is another process, as it
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import signal
 import subprocess
@@ -12,12 +11,11 @@ import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
-from types import ModuleType
 
 import pytest
-from chart_tools import REPO
+from chart_tools import E2E, load_e2e
 
-SOURCE = REPO / "e2e" / "kube" / "machine_lock.py"
+SOURCE = E2E / "kube" / "machine_lock.py"
 HOLDER = """
 import sys
 from pathlib import Path
@@ -33,17 +31,7 @@ sys.stdin.readline()
 """
 
 
-def load() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("slogate_e2e_machine_lock", SOURCE)
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
-
-
-machine_lock = load()
+machine_lock = load_e2e("kube/machine_lock")
 
 
 @pytest.fixture
