@@ -179,6 +179,8 @@ class GateMachine:
         prefilling = ticket.queued
         if not self.ledger.release(ticket):
             return []
+        per_token, streams = self.config.decode.seconds_per_token, self.ledger.streams
+        self.ledger.reprice(now, per_token(max(streams, 1)) / per_token(streams + 1))  # the rest speed up
         account = ticket.account
         if self.tenants is not None and account is not None:
             if prefilling:
@@ -280,8 +282,13 @@ class GateMachine:
         if not tenants.under_stream_share(account, decision.class_name, decision.concurrency_cap):
             return decision
         limits = self.config.limits_for(decision.class_name)
-        slack = min(self.config.max_wait_s, limits.ttft_slo_s - decision.predicted_ttft_quantile_s)
-        if slack <= 0 or self.ledger.next_release_s(now) > slack:
+        assert self.errors is not None
+        # The queue ahead of it drains while it waits for the slot: once the slot is its own,
+        # only its own prefill is left (at the class's margin), so it may wait until then.
+        slo_left = limits.ttft_slo_s - request.waited_s
+        slack = min(self.config.max_wait_s, slo_left - self.errors.margin(decision.class_name) * decision.own_prefill_s)
+        fits = decision.predicted_ttft_quantile_s <= limits.ttft_slo_s
+        if not fits or slack <= 0 or self.ledger.next_release_s(now) > slack:
             return decision
         reasons = tuple(r for r in decision.reasons if r is not Reason.QUEUE_FULL)
         return decision._replace(outcome=Outcome.DEFER, reasons=reasons, max_wait_s=slack, defer_deadline=now + slack)
@@ -316,7 +323,11 @@ class GateMachine:
         return resolved
 
     def _admit(self, decision: Decision, request: Request, now: float, account: Account | None) -> Ticket:
-        decode_s = decision.output_tokens * self.config.decode.seconds_per_token(decision.streams_after)
+        per_token = self.config.decode.seconds_per_token
+        decode_s = decision.output_tokens * per_token(decision.streams_after)
+        # The streams in service decode slower beside it and stall while its prompt prefills.
+        slower = per_token(decision.streams_after) / per_token(max(self.ledger.streams, 1))
+        self.ledger.reprice(now, slower, decision.own_prefill_s)
         ticket = self.ledger.admit(decision, request.prompt_tokens, now, decode_s, account)
         if self.tenants is not None and account is not None:
             self.tenants.hold(account, decision.class_name, request.prompt_tokens)

@@ -90,6 +90,13 @@ class Ledger:
         self._tickets.discard(ticket)
         return True
 
+    def reprice(self, now: float, decode_factor: float, stall_s: float = 0.0) -> None:
+        """Move every expected end for a change of load: the rest of each request's time
+        scaled by ``decode_factor`` (t_decode at the new stream count over the old), plus
+        ``stall_s`` (a new prompt's prefill, which stalls every stream in service). O(cap)."""
+        for ticket in self._tickets:
+            ticket.expected_end = now + max(ticket.expected_end - now, 0.0) * decode_factor + stall_s
+
     def next_release_s(self, now: float) -> float:
         """Seconds until the soonest admitted request should finish (0 if none is inside).
 

@@ -149,3 +149,21 @@ def test_beyond_its_class_l_max_an_arrival_is_refused_at_once() -> None:
     assert third.decision.reasons == (Reason.CONCURRENCY, Reason.QUEUE_FULL)
     # The higher class queues ahead of batch waiters: they do not count against it.
     assert machine.arrive(Request(50, 20, "interactive"), 0.0).waiter is not None
+
+
+def test_expected_ends_follow_the_load_they_run_under() -> None:
+    """A new prompt's prefill stalls every stream in service and each decodes slower beside
+    it; when a stream ends the others speed up again. Retry-After and the waits read these ends."""
+    machine = loaded(cap=2)
+    decode, prefill = machine.config.decode, machine.config.prefill
+    first = machine.arrive(Request(50, 200, "interactive"), 0.0).ticket
+    assert first is not None
+    alone = machine.ledger.next_release_s(0.0)
+    assert alone == pytest.approx(first.predicted_ttft_s + 200 * decode.seconds_per_token(1))
+    second = machine.arrive(Request(400, 10, "interactive"), 1.0).ticket
+    assert second is not None
+    slower = decode.seconds_per_token(2) / decode.seconds_per_token(1)
+    beside = (alone - 1.0) * slower + prefill.seconds(400)
+    assert first.expected_end - 1.0 == pytest.approx(beside)
+    assert machine.release(second, 2.0) == []
+    assert first.expected_end - 2.0 == pytest.approx((beside - 1.0) / slower)

@@ -398,3 +398,25 @@ def test_a_tenant_under_its_share_first_in_line_waits_for_the_soonest_stream_end
         plain.arrive(Request(10, 8), 0.0)
     refused = plain.arrive(Request(10, 8), 0.1).decision
     assert (refused.outcome, Reason.QUEUE_FULL in refused.reasons) == (Outcome.REJECT, True)
+
+
+def test_a_turns_wait_overlaps_the_queue_it_would_wait_behind() -> None:
+    """The prompts queued ahead prefill while it waits for the soonest end: once the slot is
+    its own only its own prefill is left, so the turn holds when that end plus its prefill fits
+    the SLO, though the end plus its whole predicted TTFT would not."""
+    gate = machine({}, room=0)
+    held = [gate.arrive(Request(100, 8, tenant="heavy"), 0.0).ticket for _ in range(4)]
+    end = gate.ledger.next_release_s(0.1)
+    light = gate.arrive(Request(10, 8, tenant="light"), 0.1)
+    assert end + light.decision.predicted_ttft_quantile_s > SLO_S  # the two waits overlap
+    assert light.decision.outcome is Outcome.DEFER
+    assert light.waiter is not None
+    assert light.waiter.deadline >= 0.1 + end
+    for ticket in held:  # their prompts prefill one after the other, as predicted
+        assert ticket is not None
+        assert gate.first_token(ticket, ticket.predicted_ttft_s) == []
+    assert held[0] is not None
+    (resolution,) = gate.release(held[0], 0.1 + end)
+    assert resolution.waiter is light.waiter
+    assert resolution.ticket is not None
+    assert resolution.decision.predicted_ttft_quantile_s <= SLO_S
