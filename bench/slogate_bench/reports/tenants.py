@@ -252,10 +252,11 @@ def reading_lines(raw: Raw, thresholds: Thresholds) -> list[str]:
             "B's refusals were all for the server's own predicates (the sidecar counts reasons per decision, "
             "not per tenant: above). The share rule bounds a tenant's part of the class's queued prompt "
             "tokens, not its streams; here a stream holds its slot for the whole decode, and with "
-            f"W = {cls.deferral_wait_seconds:g} s the gate cannot defer, so a B arrival that finds the "
-            f"{cls.concurrency_cap} slots taken (by A, which sends "
-            f"{raw['rates_rps'][NOISY] / raw['rates_rps'][LIGHT]:.0f} times as many requests) is refused at once, "
-            "within its share or not."
+            f"W = {cls.deferral_wait_seconds:g} s the class's own rule defers nothing (L_max = cap). A B arrival "
+            f"that finds the {cls.concurrency_cap} slots taken (by A, which sends "
+            f"{raw['rates_rps'][NOISY] / raw['rates_rps'][LIGHT]:.0f} times as many requests) may wait only for "
+            "its turn: the soonest expected stream end, when that comes within its SLO less its own prefill; "
+            "else it is refused at once, within its share or not."
         )
     return [*lines, ""]
 
