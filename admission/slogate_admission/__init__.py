@@ -4,7 +4,7 @@ No I/O, no global state, no clock of its own (callers pass ``now``). Every formu
 of admission-control-math.txt lives in one of the modules below, its docstring
 stating it:
 
-- ``queueing``: Little's law, L_max, utilization, M/M/1, Pollaczek-Khinchine.
+- ``queueing``: Little's law, utilization, M/M/1, Pollaczek-Khinchine.
 - ``service``: T(r) = T_prefill(n_in) + n_out · t_decode, t_decode(B) = t_1 · f(B).
 - ``kv``: KV bytes per token, per-request reservation, the KV gate.
 - ``ttft``: queue wait, predicted TTFT, the token budget.

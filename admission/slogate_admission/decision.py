@@ -38,8 +38,8 @@ class Reason(StrEnum):
     CONCURRENCY = "concurrency"
     DECODE = "decode"
     QUEUE_FULL = "queue_full"
-    """Deferral would put more requests ahead of it than its class's L_max: the server
-    would not free a slot for it within its SLO."""
+    """A wait would not end in time: the slot it would get (after those deferred ahead of
+    it) or the queue's drain to its depth is expected after its SLO's slack."""
     TENANT_SHARE = "tenant_share"
     """Its tenant would hold more than its weighted fair share of the class's queued prompt
     tokens while other tenants are active there (``tenant_shares``)."""
@@ -53,8 +53,6 @@ class ClassLimits:
     ttft_slo_s: float
     ttft_budget_s: float
     concurrency_cap: int
-    l_max: int
-    """Requests in service plus deferred ahead, beyond which a deferral cannot end in time."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,8 +80,7 @@ class GateConfig:
     def from_thresholds(cls, t: Thresholds) -> GateConfig:
         """Compile validated thresholds."""
         classes = {
-            c.name: ClassLimits(c.name, c.ttft_slo_seconds, c.ttft_budget_seconds, c.concurrency_cap, c.l_max)
-            for c in t.classes
+            c.name: ClassLimits(c.name, c.ttft_slo_seconds, c.ttft_budget_seconds, c.concurrency_cap) for c in t.classes
         }
         return cls(
             prefill=t.prefill_curve,
@@ -138,6 +135,10 @@ class LiveState:
     """Live measured prefill rate; None: the calibrated one."""
     next_release_s: float = 0.0
     """Estimated seconds until the soonest stream finishes (frees a slot and its KV)."""
+    slot_wait_s: float = 0.0
+    """Estimated seconds until a slot frees for this request: the soonest expected end among
+    the streams in service once the ``deferred`` ahead of it took theirs (0: one is free for
+    it now; ``inf``: more wait ahead of it than streams are in service)."""
     ttft_margin: float = 1.0
     """How much longer than predicted the SLO's quantile of actual TTFTs runs for this
     request's class (``ttft_error.Margin``; 1: admit on the median prediction)."""
@@ -197,10 +198,12 @@ def decide(config: GateConfig, request: Request, state: LiveState, now: float) -
     Concurrency: streams + 1 ≤ class cap (the cap minus slots reserved above).
     Decode: streams + 1 ≤ the largest B whose t_decode(B) meets the per-token SLO.
     A request that fails a check but whose own SLO still has slack is deferred for
-    min(max wait, slack), unless more requests are ahead of it (in service, or deferred
-    before it) than its class's L_max (Reason.QUEUE_FULL): the server would not free a
-    slot for it in time. A predicted TTFT beyond the SLO is rejected at once: waiting
-    cannot make its first token earlier. A refused request that an idle gate would refuse
+    min(max wait, slack), unless what it waits for is not expected within that time
+    (Reason.QUEUE_FULL): the slot it would get (``state.slot_wait_s``: the soonest end
+    among the streams in service after those deferred ahead took theirs), and the queue's
+    drain to its depth. The bound is the request's own, not the reference request's. A
+    predicted TTFT beyond the SLO is rejected at once: waiting cannot make its first token
+    earlier. A refused request that an idle gate would refuse
     too (``never_fits``) is rejected with no Retry-After: no wait helps.
     """
     limits = config.limits_for(request.class_name)
@@ -252,10 +255,17 @@ def decide(config: GateConfig, request: Request, state: LiveState, now: float) -
             max(state.next_release_s, 0.0) if capacity_short else 0.0,
         )
         # Deferral only when the request's own SLO still has slack: a TTFT miss is
-        # rejected at once (waiting cannot make its first token earlier).
-        slack_wait = min(config.max_wait_s, limits.ttft_slo_s - predicted_q)
+        # rejected at once (waiting cannot make its first token earlier). Its own wait
+        # bound: the slot it would get, and the queue's drain to its depth, within that
+        # slack (a wait that cannot end in time is refused now, not at its deadline). The
+        # queue ahead prefills during the wait, so the slack is the SLO less its own prefill.
+        slack_wait = min(config.max_wait_s, limits.ttft_slo_s - request.waited_s - m * own)
         if slack_wait > 0 and predicted_q <= limits.ttft_slo_s:
-            if state.streams + state.deferred + 1 > limits.l_max:
+            needed = max(
+                state.slot_wait_s if capacity_short else 0.0,
+                retry_after_s(queued, max_queued, rate) if ttft_short else 0.0,
+            )
+            if needed > slack_wait:
                 reasons = (*reasons, Reason.QUEUE_FULL)
             else:
                 outcome, max_wait, deadline = Outcome.DEFER, slack_wait, now + slack_wait

@@ -172,7 +172,7 @@ class DeferralQueue:
     def _others_first(self, rank: _Rank, account: Any, mine: int) -> int:
         """Other tenants' waiters whose turn comes before ``account``'s: none when it is the
         least served tenant (strictly, or the heap's top), else all of them (conservative:
-        the L_max check then refuses early rather than late). Without tenants: none."""
+        the wait it needs looks longer, so decide refuses early rather than late). Without tenants: none."""
         others = rank.count - mine
         if others == 0:
             return 0

@@ -11,7 +11,6 @@ import math
 import statistics
 from datetime import datetime
 
-from slogate_admission.queueing import little_l_max
 from slogate_admission.schema import (
     CalibrationProfile,
     ClassPolicy,
@@ -74,13 +73,12 @@ def derive_thresholds(
       class never admits deeper into the queue than a higher one (it would fill the
       queue the higher class needs); its looser SLO buys it deferral time instead.
       token_budget_i = budget_i · R. Cap_i = cap − slots reserved by classes above.
-    - Little's law for the deferral queue: μ = λ_srv = 1 / (T_prefill(n_ref) + n_out_ref ·
-      t_decode(cap) / cap), the server's work-conserving completion rate (see
-      server_seconds_per_request). A deferred request counts its wait against its TTFT, so
-      it may wait W_i = min(max wait, own TTFT SLO − T_prefill(n_ref)) for a slot; the
-      server frees ⌊μ · W_i⌋ slots meanwhile, so L_max_i = Cap_i + ⌊μ · W_i⌋: the requests
-      in service plus those that can wait within the SLO. Thresholds.l_max is the largest.
-      W_max (reported) = default class's TTFT SLO + n_out_ref · t_decode(cap).
+    - μ = λ_srv = 1 / (T_prefill(n_ref) + n_out_ref · t_decode(cap) / cap), the server's
+      work-conserving completion rate (see server_seconds_per_request), and W_max (reported)
+      = default class's TTFT SLO + n_out_ref · t_decode(cap).
+    - No deferral bound is derived from the reference request: ``decide`` bounds each wait
+      by the request's own slack and the slot it would get (the ledger's expected ends).
+      The wire's deprecated ``lMax`` fields carry the class caps (``legacy_l_max``).
     """
     slots = profile.server.slots
     prefill = prefill_curve(profile)
@@ -103,8 +101,6 @@ def derive_thresholds(
 
     n_out_ref = policy.output_tokens.default
     throughput = 1.0 / server_seconds_per_request(prefill, decode, n_ref, n_out_ref, cap)
-    ref_prefill_s = prefill.seconds(n_ref)
-    max_wait = policy.deferral.max_wait_seconds
 
     class_policies = policy.classes or (ClassPolicy(name=DEFAULT_CLASS_NAME),)
     classes: list[ClassThresholds] = []
@@ -126,7 +122,6 @@ def derive_thresholds(
                 f"class {cls.name!r} has no concurrency slot: cap {cap} minus "
                 f"{reserved_above} reserved by classes above"
             )
-        wait = deferral_wait_s(own_slo, ref_prefill_s, max_wait)
         classes.append(
             ClassThresholds(
                 name=cls.name,
@@ -134,8 +129,8 @@ def derive_thresholds(
                 ttft_budget_seconds=budget,
                 token_budget=token_budget(budget, rate),
                 concurrency_cap=class_cap,
-                deferral_wait_seconds=wait,
-                l_max=deferral_l_max(class_cap, throughput, wait),
+                deferral_wait_seconds=0.0,
+                l_max=class_cap,
             )
         )
         budget_above = budget
@@ -144,7 +139,6 @@ def derive_thresholds(
     default_class = policy.default_class or classes[-1].name
     default_slo = next(c.ttft_slo_seconds for c in classes if c.name == default_class)
     w_max = default_slo + n_out_ref * decode.seconds_per_token(cap)
-    l_max = max(c.l_max for c in classes)
 
     return Thresholds(
         calibration_id=profile.id,
@@ -165,7 +159,7 @@ def derive_thresholds(
         per_request_max_tokens=per_request_max,
         throughput_rps=throughput,
         w_max_seconds=w_max,
-        l_max=l_max,
+        l_max=legacy_l_max(classes),
         classes=tuple(classes),
         default_class=default_class,
         output_tokens=policy.output_tokens,
@@ -217,21 +211,11 @@ def ttft_margin_prior(profile: CalibrationProfile, n_ref: int, quantile: float) 
     return math.exp(statistics.NormalDist().inv_cdf(quantile) * nearest.spread)
 
 
-def deferral_wait_s(ttft_slo_s: float, reference_prefill_s: float, max_wait_s: float | None) -> float:
-    """W of a class: how long a deferred reference request may wait for a slot and still
-    meet its SLO. The wait counts against its TTFT (``decide`` adds it to the prediction),
-    and once a slot frees its own prefill follows: W = SLO − T_prefill(n_ref), capped by
-    the policy's max wait, never negative."""
-    slack = max(ttft_slo_s - reference_prefill_s, 0.0)
-    return slack if max_wait_s is None else min(max_wait_s, slack)
-
-
-def deferral_l_max(class_cap: int, throughput_rps: float, wait_s: float) -> int:
-    """L_max = Cap + ⌊μ · W⌋ (spec "Little's law", L_max = λ_srv · W_max, applied to the
-    deferral queue): the requests in service plus the slots the server frees while one
-    waits W. 4 slots, μ = 0.25/s, W = 7.8 s: 4 + ⌊1.95⌋ = 5. A hair of tolerance keeps a
-    product that is an integer in exact arithmetic (0.25 x 8) from flooring one short."""
-    return class_cap + math.floor(little_l_max(throughput_rps, wait_s) + 1e-9) if wait_s > 0 else class_cap
+def legacy_l_max(classes: list[ClassThresholds]) -> int:
+    """The deprecated wire field ``lMax`` (and each class's): the cap, so that a sidecar of an
+    earlier release, which bounded the deferral queue by it, refuses rather than defers
+    while an upgrade rolls. Today's gate reads neither it nor ``deferralWaitSeconds``."""
+    return max(c.concurrency_cap for c in classes)
 
 
 def _ceil_ms(seconds: float) -> float:

@@ -228,70 +228,56 @@ class GateMachine:
         """
         config, errors = self.config, self.errors
         assert errors is not None  # loaded with the thresholds, as the config is
-        class_name = config.limits_for(request.class_name).name
+        limits = config.limits_for(request.class_name)
+        class_name = limits.name
         if deferred_ahead is None:
             deferred_ahead = self.queue.count_at_or_above(self._ranks.get(class_name, len(self._ranks)), account)
         live = self.prefill_rate(now)
         rate = (live if live is not None else config.prefill_tokens_per_s) / errors.bias.factor(self.ledger.streams)
         margin = errors.margin(class_name)
-        state = self.ledger.snapshot(now, rate, deferred_ahead, margin)
+        # Its slot: the one that frees after those ahead of it took the free ones and theirs.
+        free = min(limits.concurrency_cap, config.decode_streams_cap) - self.ledger.streams
+        slot_wait = self.ledger.release_in_s(now, deferred_ahead + 1 - free)
+        state = self.ledger.snapshot(now, rate, deferred_ahead, margin, slot_wait)
         decision = decide(config, request, state, now)
         if account is None or self.tenants is None or not decision.fits_ever:
             return decision
-        return self._share(
-            decision, request, account, rate / margin, waiting=waiting, first=deferred_ahead == 0, now=now
-        )
+        return self._share(decision, request, account, rate / margin, waiting=waiting, now=now)
 
     def _share(
-        self,
-        decision: Decision,
-        request: Request,
-        account: Account,
-        depth_rate: float,
-        *,
-        waiting: bool,
-        first: bool,
-        now: float,
+        self, decision: Decision, request: Request, account: Account, depth_rate: float, *, waiting: bool, now: float
     ) -> Decision:
-        """The tenant rules on top of ``decide``'s verdict (``tenant_shares``).
+        """The tenant rule on top of ``decide``'s verdict (``tenant_shares``).
 
-        Share: the class's budget in queue tokens is what ``decide`` lets the queue hold,
-        budget / m · R (``depth_rate`` = R / m); past its share a tenant is refused (or, deferred,
-        waits on while others pass it). Turn: a tenant under its share of the class's streams
-        and first in line (``first``: nothing deferred ahead of it) may wait for the soonest
-        stream to end, when that is expected within its SLO's slack, where the class's L_max
-        (sized for the reference request at the policy's μ) would refuse it: the slot that
-        frees is its own, so the wait is the soonest end, not μ's average."""
+        The class's budget in queue tokens is what ``decide`` lets the queue hold, budget / m · R
+        (``depth_rate`` = R / m); past its share a tenant is refused (or, deferred, waits on while
+        others pass it). A tenant under its share needs no turn of its own: the deferral queue
+        puts it ahead of heavier tenants (``tenant_shares.priority``), and ``decide`` lets it wait
+        when the slot it would get there is expected within its slack."""
         tenants = self.tenants
         assert tenants is not None
         n = request.prompt_tokens
         budget = decision.ttft_budget_s * depth_rate
         excess = tenants.excess_tokens(account, decision.class_name, n, budget, n if waiting else 0)
-        if excess > 0:
-            active = tenants.active_weight(decision.class_name)
-            retry = max(decision.retry_after_s or 0.0, share_retry_after_s(excess, depth_rate, account.weight, active))
-            reasons = (*decision.reasons, Reason.TENANT_SHARE)
-            if waiting and decision.outcome is not Outcome.REJECT:
-                # A deferred request over its share waits on; others pass it (``_wake``).
-                return decision._replace(outcome=Outcome.DEFER, reasons=reasons, retry_after_s=retry)
-            return decision._replace(
-                outcome=Outcome.REJECT, reasons=reasons, retry_after_s=retry, max_wait_s=0.0, defer_deadline=None
-            )
-        if Reason.QUEUE_FULL not in decision.reasons or not first:
-            return decision
-        if not tenants.under_stream_share(account, decision.class_name, decision.concurrency_cap):
-            return decision
-        limits = self.config.limits_for(decision.class_name)
-        assert self.errors is not None
-        # The queue ahead of it drains while it waits for the slot: once the slot is its own,
-        # only its own prefill is left (at the class's margin), so it may wait until then.
-        slo_left = limits.ttft_slo_s - request.waited_s
-        slack = min(self.config.max_wait_s, slo_left - self.errors.margin(decision.class_name) * decision.own_prefill_s)
-        fits = decision.predicted_ttft_quantile_s <= limits.ttft_slo_s
-        if not fits or slack <= 0 or self.ledger.next_release_s(now) > slack:
-            return decision
-        reasons = tuple(r for r in decision.reasons if r is not Reason.QUEUE_FULL)
-        return decision._replace(outcome=Outcome.DEFER, reasons=reasons, max_wait_s=slack, defer_deadline=now + slack)
+        if excess <= 0:
+            if waiting or decision.outcome is not Outcome.DEFER:
+                return decision
+            if not tenants.at_stream_share(account, decision.class_name, decision.concurrency_cap):
+                return decision
+            # At its share of the streams it takes a free slot, never a place in line for the
+            # next one: that slot goes to whoever arrives, a lighter tenant's request as often.
+            retry = max(decision.retry_after_s or 0.0, self.ledger.next_release_s(now))
+            return decision._replace(outcome=Outcome.REJECT, reasons=(*decision.reasons, Reason.TENANT_SHARE),
+                                     retry_after_s=retry, max_wait_s=0.0, defer_deadline=None)  # fmt: skip
+        active = tenants.active_weight(decision.class_name)
+        retry = max(decision.retry_after_s or 0.0, share_retry_after_s(excess, depth_rate, account.weight, active))
+        reasons = (*decision.reasons, Reason.TENANT_SHARE)
+        if waiting and decision.outcome is not Outcome.REJECT:
+            # A deferred request over its share waits on; others pass it (``_wake``).
+            return decision._replace(outcome=Outcome.DEFER, reasons=reasons, retry_after_s=retry)
+        return decision._replace(
+            outcome=Outcome.REJECT, reasons=reasons, retry_after_s=retry, max_wait_s=0.0, defer_deadline=None
+        )
 
     def _judge(self, waiter: Waiter, now: float) -> Decision:
         """A waiter's decision now: its wait so far counts against its TTFT."""

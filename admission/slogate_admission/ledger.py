@@ -10,6 +10,8 @@ counter negative, and after any load with nothing in flight every counter is zer
 
 from __future__ import annotations
 
+import heapq
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -106,12 +108,27 @@ class Ledger:
             return 0.0
         return max(min(t.expected_end for t in self._tickets) - now, 0.0)
 
+    def release_in_s(self, now: float, n: int) -> float:
+        """Seconds until the ``n``-th soonest admitted request should finish: 0 for ``n`` ≤ 0,
+        ``inf`` beyond the requests inside. O(k log n) over at most concurrency-cap tickets."""
+        if n <= 0:
+            return 0.0
+        if n > len(self._tickets):
+            return math.inf
+        return max(heapq.nsmallest(n, (t.expected_end for t in self._tickets))[-1] - now, 0.0)
+
     def snapshot(
-        self, now: float, prefill_tokens_per_s: float | None, deferred: int, ttft_margin: float = 1.0
+        self,
+        now: float,
+        prefill_tokens_per_s: float | None,
+        deferred: int,
+        ttft_margin: float = 1.0,
+        slot_wait_s: float = 0.0,
     ) -> LiveState:
         """The live state the core's decide() reads. ``deferred``: the deferred requests the
         one being judged would wait behind (the queue is the gate's, not the ledger's);
-        ``ttft_margin``: its class's (``ttft_error``)."""
+        ``ttft_margin``: its class's (``ttft_error``); ``slot_wait_s``: when a slot frees for it
+        (``release_in_s``)."""
         return LiveState(
             queued_prefill_tokens=float(self.queued_prefill_tokens),
             streams=self.streams,
@@ -119,6 +136,7 @@ class Ledger:
             deferred=deferred,
             prefill_tokens_per_s=prefill_tokens_per_s,
             next_release_s=self.next_release_s(now),
+            slot_wait_s=slot_wait_s,
             ttft_margin=ttft_margin,
         )
 

@@ -288,12 +288,13 @@ class ClassThresholds(Model):
     concurrency_cap: Annotated[int, Field(ge=1)]
     """Streams this class may fill: the cap minus slots reserved for classes above."""
     deferral_wait_seconds: NonNegativeSeconds
-    """W: how long a deferred request of this class may wait for a slot and still meet its
-    SLO: min(max wait, own TTFT SLO − T_prefill(reference prompt)), at least 0."""
+    """Deprecated, ignored by the gate: 0. Sidecars of earlier releases require it (the
+    reference request's wait for a slot); dropped once none runs."""
     l_max: Annotated[int, Field(ge=1)]
-    """Little's law for the deferral queue: concurrency_cap + ⌊μ · W⌋, the requests in
-    service plus those the server completes while one waits W. An arrival that finds
-    this many ahead of it (in service, or deferred at its priority or above) is refused."""
+    """Deprecated, ignored by the gate: the class's concurrency cap, so a sidecar of an
+    earlier release (which refused an arrival finding this many ahead) refuses rather than
+    defers while an upgrade rolls. Today's gate bounds each wait by the request's own
+    slack and the slot it would get (``decision.decide``)."""
 
 
 class Thresholds(Model):
@@ -326,7 +327,7 @@ class Thresholds(Model):
     """Time in system of the reference request in the default class: its TTFT SLO plus
     n_out_ref · t_decode(cap). Reported; the deferral bound uses each class's own W."""
     l_max: Annotated[int, Field(ge=1)]
-    """The most requests ever inside (in service or deferred): the largest class L_max."""
+    """Deprecated, ignored by the gate: the largest class's ``l_max`` (for earlier sidecars)."""
     classes: tuple[ClassThresholds, ...]
     default_class: ClassName
     output_tokens: OutputTokensPolicy

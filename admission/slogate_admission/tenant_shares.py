@@ -17,10 +17,10 @@ The rule (docs/tenants.md; admission-math.md, "Tenant shares"):
   the reason ``tenant_share``; its Retry-After is the tenant's own excess drained at its
   fair part of the prefill rate: (held + n_in − share) / (R · w_t / Σ_active w). A
   deferred request over its share waits on (others pass it) and is refused at its deadline.
-- **A turn at the next free stream.** Streams are shared by the concurrency cap, none kept
-  idle; but a tenant under its weighted share of the class's streams (or holding none), with
-  nothing deferred ahead of it, may wait for the soonest stream end where the class's L_max
-  would refuse it, when that end is expected within its SLO's slack (``GateMachine._share``).
+- **No turn of its own.** Streams are shared by the concurrency cap, none kept idle. Every
+  request, of any tenant, may wait for the slot it would get when that is expected within its
+  own SLO's slack (``decision.decide``); a light tenant's slot comes sooner because it leaves
+  the deferral queue first.
 - **Who leaves the deferral queue first.** Within a class, the tenant with the least served
   tokens: a counter charged n_in + w_out · n_out at admission (n_out as booked, corrected
   to llama-server's count when the request ends) that halves every ``half_life_seconds``.
@@ -240,13 +240,13 @@ class TenantShares:
         account.streams[class_name] = max(account.streams.get(class_name, 0) - 1, 0)
         account.requests_inside = max(account.requests_inside - 1, 0)
 
-    def under_stream_share(self, account: Account, class_name: str, concurrency_cap: int) -> bool:
-        """It holds fewer of the class's streams than its weighted share of the cap, or none,
-        while another tenant is active there."""
+    def at_stream_share(self, account: Account, class_name: str, concurrency_cap: int) -> bool:
+        """It holds at least its weighted share of the class's streams while another tenant
+        is active there (alone in the class, its share is the whole cap)."""
         active = self.active_weight(class_name)
         if active <= account.weight * (1 + 1e-12):
             return False
-        return account.streams.get(class_name, 0) < max(concurrency_cap * account.weight / active, 1.0)
+        return account.streams.get(class_name, 0) >= concurrency_cap * account.weight / active
 
     # ------------------------------------------------------------------ service
 

@@ -22,7 +22,7 @@ from rich.console import Console
 from rich.table import Table
 
 from slogate_admission.derivation import derive_thresholds, reference_prompt_warnings
-from slogate_admission.schema import CalibrationProfile, ClassThresholds, Thresholds
+from slogate_admission.schema import CalibrationProfile, Thresholds
 from slogate_calibration.calibrate import DEFAULT_BUDGET_S, CalibrationSettings
 from slogate_calibration.output import write_atomic
 from slogate_calibration.profile_cache import cached_or_calibrated
@@ -127,19 +127,13 @@ def thresholds_table(profile: CalibrationProfile, t: Thresholds) -> Table:
             f"{c.token_budget:.0f} tokens",
             f"TTFT budget {c.ttft_budget_seconds:g} s (own SLO {c.ttft_slo_seconds:g} s), cap {c.concurrency_cap}",
         )
-        table.add_row(f"  L_max {c.name}", str(c.l_max), l_max_derivation(t, c))
-    return table
-
-
-def l_max_derivation(t: Thresholds, c: ClassThresholds) -> str:
-    """L_max = cap + ⌊μ · W⌋ with the numbers, and where W comes from."""
-    prefill_s = t.prefill_curve.seconds(t.reference_prompt_tokens)
-    cap_on_wait = "" if t.max_wait_seconds is None else f", max wait {t.max_wait_seconds:g} s"
-    return (
-        f"cap {c.concurrency_cap} + ⌊μ {t.throughput_rps:.2f}/s x W {c.deferral_wait_seconds:.1f} s⌋ = "
-        f"{c.concurrency_cap} + {c.l_max - c.concurrency_cap}; W = max(0, SLO {c.ttft_slo_seconds:g} s − "
-        f"T_prefill({t.reference_prompt_tokens}) {prefill_s:.2f} s){cap_on_wait}"
+    cap_on_wait = "no cap" if t.max_wait_seconds is None else f"at most {t.max_wait_seconds:g} s"
+    table.add_row(
+        "deferral",
+        "per request",
+        f"waits for the slot it would get when that is expected within its SLO less its own prefill ({cap_on_wait})",
     )
+    return table
 
 
 def run(args: argparse.Namespace) -> int:

@@ -146,7 +146,6 @@ def thresholds_summary(thresholds: Thresholds, configmap: str) -> dict[str, Any]
         "configMap": configmap,
         "prefillTokensPerSecond": round(thresholds.prefill_tokens_per_second, 3),
         "concurrencyCap": thresholds.concurrency_cap,
-        "lMax": thresholds.l_max,
         "wMaxSeconds": round(thresholds.w_max_seconds, 3),
         "throughputRps": round(thresholds.throughput_rps, 4),
         "kvCapacityTokens": thresholds.kv_capacity_tokens,
@@ -162,8 +161,6 @@ def thresholds_summary(thresholds: Thresholds, configmap: str) -> dict[str, Any]
                 "ttftBudgetSeconds": c.ttft_budget_seconds,
                 "tokenBudget": int(c.token_budget),
                 "concurrencyCap": c.concurrency_cap,
-                "deferralWaitSeconds": round(c.deferral_wait_seconds, 3),
-                "lMax": c.l_max,
             }
             for c in thresholds.classes
         ],

@@ -161,7 +161,6 @@ class SidecarMetrics:
         )
         self.ttft_budget = gauge("slogate_threshold_ttft_budget_seconds", "Admit-now TTFT budget.", klass)
         self.concurrency_cap = gauge("slogate_threshold_concurrency_cap", "Streams the class may fill.", klass)
-        self.l_max = gauge("slogate_threshold_l_max", "Little's-law cap on requests inside.")
         self.prefill_rate = gauge("slogate_prefill_rate_tokens_per_second", "Prefill tokens/s.", ("source",))
         self.decode_rate = gauge("slogate_decode_rate_tokens_per_second", "Per-stream decode tokens/s.", ("source",))
         self.rate_age = gauge("slogate_rate_age_seconds", "Age of the live rate's last sample.", ("kind",))
@@ -221,7 +220,6 @@ class SidecarMetrics:
                 self.deferral_outcomes.labels(result, c.name)
             for slo_result in ("met", "missed"):
                 self.slo_requests.labels(c.name, slo_result)
-        self.l_max.set(thresholds.l_max)
         self.kv_capacity_tokens.set(thresholds.kv_capacity_tokens)
         self.prefill_rate.labels(source="calibrated").set(thresholds.prefill_tokens_per_second)
         curve = thresholds.decode_tokens_per_second

@@ -10,7 +10,7 @@ prefill alone on the cores, plus its n_out tokens at 1/B of each batched decode 
 It is the mean of the *costs*, not the cost of the mean request: prefill is not linear in
 the prompt. For a workload of fixed lengths it is that one request's rate, so at the
 reference request (the policy's reference prompt and output) it is the derivation's own
-``Thresholds.throughput_rps``, the μ of L_max = cap + ⌊μ · W⌋. In the simulator's
+``Thresholds.throughput_rps`` (the operator reports it). In the simulator's
 exponential service mode (slots serving in parallel) it is slots / the mean service time:
 one slot, the M/M/1 check's μ.
 """
@@ -32,7 +32,7 @@ MU_DEFINITION = (
     "costs T_prefill(n_in) + n_out / (B · r_decode(B)): its prefill alone on the cores, then 1/B of each batched "
     "decode step that makes its tokens. It is the mean of the costs, not the cost of the mean request (prefill is "
     "not linear in the prompt). For one fixed request it is that request's rate: at the policy's reference request "
-    "it is the derived `throughputRps`, the μ of L_max = cap + ⌊μ · W⌋."
+    "it is the derived `throughputRps` the operator reports."
 )
 """μ in words, as docs/benchmarks.md states it (``report``)."""
 

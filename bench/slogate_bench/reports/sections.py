@@ -74,9 +74,15 @@ def deferral_section(raw: dict[str, Any]) -> list[str]:
         "",
     ]
     for name, d in raw["derived"].items():
+        wait = d["max_wait_s"]
+        rule = (
+            "a request that finds the slots busy is refused at once"
+            if wait == 0
+            else "a request that finds the slots busy waits when the slot it would get is expected within its "
+            "SLO less its own prefill" + ("" if wait is None else f", at most {wait:g} s")
+        )
         lines.append(
-            f"- **{name}**: L_max = cap {d['concurrency_cap']} + ⌊μ {d['mu_rps']:.2f}/s x W "
-            f"{d['deferral_wait_s']:.1f} s⌋ = {d['l_max']}"
+            f"- **{name}** (`maxWaitSeconds` {'unset' if wait is None else f'{wait:g}'}): cap {d['concurrency_cap']}; {rule}"
         )
     header = (
         "variant",

@@ -209,7 +209,7 @@ def tenant_simulation_section(raw: dict[str, Any]) -> list[str]:
         f"`make bench-tenants-sim` ({env['date']}, {env['cpu']}; {raw['wall_s']:.0f} s): the simulator with the "
         f"first pod `make bench-fleet` measured ({raw['measured_started_at']}), one pod, the `{raw['workload']}` "
         f"mix, TTFT SLO {raw['slo_s']:g} s, μ = {raw['mu_rps']:.3f} req/s, concurrency cap {raw['concurrency_cap']}, "
-        f"L_max {raw['l_max']}, clients patient for {raw['client_timeout_s']:g} s. The gate is the core's "
+        f"clients patient for {raw['client_timeout_s']:g} s. The gate is the core's "
         "GateMachine with the pod's policy as it is (*without*) and with `spec.tenants` at its defaults (*with*: "
         f"half-life {policy['halfLifeSeconds']:g} s, maxTracked {policy['maxTracked']}, output weight "
         f"{policy['outputWeight']:.2f}{' measured' if policy['outputWeightMeasured'] else ''}). Each tenant is its "

@@ -25,7 +25,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 from matplotlib.patches import Patch
 
-from slogate_admission.derivation import derive_thresholds, prefill_curve
+from slogate_admission.derivation import derive_thresholds
 from slogate_admission.schema import CalibrationProfile, Policy, Thresholds
 from slogate_bench.reports.intervals import mean_interval
 from slogate_bench.results import OUTCOME_COLUMNS, outcome_counts
@@ -223,13 +223,12 @@ def derived(raw: Raw) -> Thresholds:
 def gate_line(raw: Raw, thresholds: Thresholds) -> str:
     """The class's derived limits, in words."""
     (cls,) = thresholds.classes
-    n_ref = thresholds.reference_prompt_tokens
-    ref_prefill = prefill_curve(CalibrationProfile.model_validate(raw["profile"])).seconds(n_ref)
+    wait = thresholds.max_wait_seconds
+    cap_on_wait = "" if wait is None else f", at most maxWaitSeconds {wait:g} s"
     return (
-        f"The class's derived limits: concurrency cap {cls.concurrency_cap}; deferral wait W = SLO − T_prefill of "
-        f"the {n_ref}-token reference prompt ({raw['slo_s']:g} − {ref_prefill:.2f} s), floored at 0 and capped by "
-        f"maxWaitSeconds: {cls.deferral_wait_seconds:.2f} s, so L_max = {cls.l_max} requests inside; queue budget "
-        f"{cls.token_budget:.0f} prompt tokens."
+        f"The class's derived limits: concurrency cap {cls.concurrency_cap}; a request that finds the slots taken "
+        f"waits when the slot it would get is expected within its {raw['slo_s']:g} s SLO less its own prefill"
+        f"{cap_on_wait}, else it is refused at once; queue budget {cls.token_budget:.0f} prompt tokens."
     )
 
 
@@ -251,12 +250,11 @@ def reading_lines(raw: Raw, thresholds: Thresholds) -> list[str]:
         lines.append(
             "B's refusals were all for the server's own predicates (the sidecar counts reasons per decision, "
             "not per tenant: above). The share rule bounds a tenant's part of the class's queued prompt "
-            "tokens, not its streams; here a stream holds its slot for the whole decode, and with "
-            f"W = {cls.deferral_wait_seconds:g} s the class's own rule defers nothing (L_max = cap). A B arrival "
+            "tokens, not its streams; here a stream holds its slot for the whole decode. A B arrival "
             f"that finds the {cls.concurrency_cap} slots taken (by A, which sends "
-            f"{raw['rates_rps'][NOISY] / raw['rates_rps'][LIGHT]:.0f} times as many requests) may wait only for "
-            "its turn: the soonest expected stream end, when that comes within its SLO less its own prefill; "
-            "else it is refused at once, within its share or not."
+            f"{raw['rates_rps'][NOISY] / raw['rates_rps'][LIGHT]:.0f} times as many requests) leaves the deferral "
+            "queue before A's waiters, but may wait only when the slot it would get is expected within its SLO "
+            "less its own prefill; else it is refused at once, within its share or not."
         )
     return [*lines, ""]
 

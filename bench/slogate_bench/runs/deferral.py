@@ -1,9 +1,10 @@
-"""What deferral buys: the gate with its derived L_max against the same gate with deferral off.
+"""What deferral buys: the gate letting each request wait within its own bound, against the same
+gate with deferral off.
 
 Issue 12.7. A class whose TTFT SLO leaves slack (10 s, a batch class) on the chat mix at 1x
 and 2x μ. The two fronts differ in one setting, ``deferral.maxWaitSeconds``: unset (a
-request that finds the slots busy may wait while its SLO leaves slack, behind at most
-L_max − cap others) or 0 (refused at once). Each pair of runs sends the same arrivals
+request that finds the slots busy waits when the slot it would get is expected within its
+SLO less its own prefill) or 0 (refused at once). Each pair of runs sends the same arrivals
 (same seed) to a fresh llama-server. Clients wait up to 30 s for a whole answer, so a
 request served within its 10 s TTFT SLO is never cut off while it decodes.
 
@@ -36,7 +37,7 @@ from slogate_sim.workloads import preset
 SLO_S = 10.0
 LOADS = (1.0, 2.0)
 CLIENT_TIMEOUT_S = 30.0
-VARIANTS = {"deferral (derived L_max)": None, "deferral off": 0.0}
+VARIANTS = {"deferral (each request's own bound)": None, "deferral off": 0.0}
 """Name -> ``deferral.maxWaitSeconds``."""
 
 
@@ -46,15 +47,10 @@ def thresholds_for(max_wait_s: float | None, profile: CalibrationProfile) -> Thr
     return derive_thresholds(policy, profile, derived_at=datetime.now(UTC))
 
 
-def l_max_inputs(thresholds: Thresholds) -> dict[str, Any]:
-    """The one class's L_max and what it is derived from (the report shows the sum)."""
+def deferral_inputs(thresholds: Thresholds) -> dict[str, Any]:
+    """The one class's cap and the policy's cap on a wait (None: only the SLO's slack)."""
     (cls,) = thresholds.classes
-    return {
-        "concurrency_cap": cls.concurrency_cap,
-        "l_max": cls.l_max,
-        "deferral_wait_s": cls.deferral_wait_seconds,
-        "mu_rps": thresholds.throughput_rps,
-    }
+    return {"concurrency_cap": cls.concurrency_cap, "max_wait_s": thresholds.max_wait_seconds}
 
 
 async def measure(seconds: float, state_dir: Path, console: Console) -> dict[str, Any]:
@@ -64,7 +60,7 @@ async def measure(seconds: float, state_dir: Path, console: Console) -> dict[str
     log_dir = state_dir / "bench-logs"
     log_dir.mkdir(parents=True, exist_ok=True)
     fronts = {name: SlogateFront(thresholds_for(max_wait, profile)) for name, max_wait in VARIANTS.items()}
-    derived = {name: l_max_inputs(front.thresholds) for name, front in fronts.items()}
+    derived = {name: deferral_inputs(front.thresholds) for name, front in fronts.items()}
     runs: list[dict[str, Any]] = []
     with Progress(console=console, transient=False) as progress:
         (cap,) = {front.thresholds.concurrency_cap for front in fronts.values()}  # deferral does not change it

@@ -142,13 +142,17 @@ class Settings:
 
 
 def probe_policy() -> Policy:
-    """The benchmarks' policy (2 s TTFT SLO, deferral up to 0.5 s) with one more class below the
+    """The benchmarks' policy (2 s TTFT SLO) with deferral off and one more class below the
     load's: the probes', which may use one slot only (3 reserved above it), so its gate refuses a
-    probe whenever a stream is in. The load's class keeps the benchmarks' cap, budget and L_max."""
+    probe at once whenever a stream is in. Deferral is off because what is timed is a refusal
+    at arrival: with it, a probe whose slot is expected within the wait would wait and then
+    count as a slow refusal. The load's class keeps the benchmarks' cap and budget; it is
+    refused when full, as it was under the bound this policy had before (its class's L_max
+    equalled its cap on the bench pod, so it never deferred either)."""
     return Policy.model_validate(
         {
             "slo": {"ttftSeconds": SLO_S},
-            "deferral": {"maxWaitSeconds": 0.5},
+            "deferral": {"maxWaitSeconds": 0.0},
             "classes": [{"name": "default", "reservedSlots": 3}, {"name": PROBE_CLASS}],
             "defaultClass": "default",
         }

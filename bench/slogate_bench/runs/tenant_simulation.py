@@ -243,7 +243,6 @@ def main() -> None:
         "client_timeout_s": pod.fleet.workload.client_timeout_s,
         "mu_rps": pod.mu_rps,
         "concurrency_cap": pod.thresholds["with"].concurrency_cap,
-        "l_max": pod.thresholds["with"].l_max,
         "tenant_policy": fair.model_dump(mode="json", by_alias=True),
         "seeds": list(SEEDS),
         "noisy": noisy,

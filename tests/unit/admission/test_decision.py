@@ -1,5 +1,7 @@
 """The per-arrival decision: outcomes, every failed reason, and the numbers behind them."""
 
+import math
+
 import pytest
 
 from canned_profiles import NOW
@@ -45,8 +47,9 @@ def test_lower_class_defers_within_its_own_slo(gate: GateConfig) -> None:
     d = decide(gate, Request(200, 128, "batch"), LiveState(queued_prefill_tokens=2 * rate), now=100.0)
     assert d.outcome is Outcome.DEFER
     assert d.reasons == (Reason.TTFT,)
-    # No max wait in the policy: it may wait as long as its own SLO leaves slack.
-    assert d.max_wait_s == pytest.approx(10.0 - d.predicted_ttft_s)
+    # No max wait in the policy: it may wait as long as its own SLO leaves slack. The queue
+    # ahead prefills while it waits, so that slack is the SLO less its own prefill.
+    assert d.max_wait_s == pytest.approx(10.0 - d.own_prefill_s)
     assert d.defer_deadline == pytest.approx(100.0 + d.max_wait_s)
 
 
@@ -99,15 +102,27 @@ def test_unknown_class_gets_the_default(gate: GateConfig) -> None:
     assert decide(gate, Request(10, 10, None), LiveState(), now=0).class_name == "batch"
 
 
-def test_deferral_bounded_by_littles_law(gate: GateConfig) -> None:
+def test_a_wait_is_bounded_by_the_slot_it_would_get(gate: GateConfig) -> None:
+    """Its own bound, not a reference request's: it may wait when the slot it would get is
+    expected within its SLO less its own prefill, and is refused at once (queue full) when not."""
     batch = gate.classes["batch"]
-    assert batch.l_max > batch.concurrency_cap  # a 10 s SLO leaves room to wait
-    room = batch.l_max - batch.concurrency_cap
-    last = decide(gate, Request(100, 100, "batch"), LiveState(streams=3, deferred=room - 1), now=0)
-    assert (last.outcome, last.reasons) == (Outcome.DEFER, (Reason.CONCURRENCY,))
-    full = decide(gate, Request(100, 100, "batch"), LiveState(streams=3, deferred=room), now=0)
-    assert full.outcome is Outcome.REJECT
-    assert full.reasons == (Reason.CONCURRENCY, Reason.QUEUE_FULL)
+    request = Request(100, 100, "batch")
+    own = decide(gate, request, LiveState(), now=0).own_prefill_s
+    slack = batch.ttft_slo_s - own
+    soon = decide(gate, request, LiveState(streams=3, slot_wait_s=slack - 0.01), now=0)
+    assert (soon.outcome, soon.reasons) == (Outcome.DEFER, (Reason.CONCURRENCY,))
+    assert soon.max_wait_s == pytest.approx(slack)
+    for late in (slack + 0.01, math.inf):  # inf: more wait ahead of it than streams are in service
+        refused = decide(gate, request, LiveState(streams=3, slot_wait_s=late), now=0)
+        assert refused.outcome is Outcome.REJECT
+        assert refused.reasons == (Reason.CONCURRENCY, Reason.QUEUE_FULL)
+    # A queue too deep for its class's budget: it may wait for the queue to drain to that
+    # depth when the drain comes within the slack, not when it does not.
+    rate = gate.prefill_tokens_per_s
+    shallow = decide(gate, request, LiveState(queued_prefill_tokens=2 * rate), now=0)
+    assert (shallow.outcome, shallow.reasons) == (Outcome.DEFER, (Reason.TTFT,))
+    deep = decide(gate, request, LiveState(queued_prefill_tokens=(slack + 2) * rate), now=0)
+    assert deep.outcome is Outcome.REJECT
 
 
 def test_time_spent_deferred_counts_against_the_budget(gate: GateConfig) -> None:

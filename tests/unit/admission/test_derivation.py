@@ -55,8 +55,9 @@ def test_littles_law_cap(profile: CalibrationProfile) -> None:
     assert t.w_max_seconds == pytest.approx(2.0 + 256 / 45)
     prefill = PrefillCurve(0.02, 0.0029, 1e-7)
     assert t.throughput_rps == pytest.approx(1 / (prefill.seconds(512) + 256 / (4 * 45)))
-    # L_max = floor(λ · W_max), never below the concurrency cap (it bounds deferral beyond it).
-    assert t.l_max == max(t.concurrency_cap, int(t.throughput_rps * t.w_max_seconds))
+    # The deprecated lMax carries the cap for earlier sidecars; the gate reads it nowhere.
+    assert t.l_max == t.concurrency_cap == max(c.l_max for c in t.classes)
+    assert all(c.deferral_wait_seconds == 0.0 for c in t.classes)
 
 
 def test_unattainable_tpot_is_refused(profile: CalibrationProfile) -> None:

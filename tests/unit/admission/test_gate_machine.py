@@ -11,8 +11,8 @@ from slogate_admission.gate_machine import GateMachine, GateNotReady
 from slogate_admission.schema import Policy, Thresholds
 
 
-def thresholds(cap: int = 2, max_wait: float | None = 5.0, room: int = 2) -> Thresholds:
-    """Two classes; ``room`` deferral places beyond each class's cap (its L_max − cap)."""
+def thresholds(cap: int = 2, max_wait: float | None = 5.0) -> Thresholds:
+    """Two classes, each request's wait bounded by its own slack and the policy's max wait."""
     policy = Policy.model_validate(
         {
             "concurrency": {"max": cap},
@@ -20,14 +20,12 @@ def thresholds(cap: int = 2, max_wait: float | None = 5.0, room: int = 2) -> Thr
             "deferral": {"maxWaitSeconds": max_wait},
         }
     )
-    derived = derive_thresholds(policy, smollm2_profile(), derived_at=NOW)
-    classes = tuple(c.model_copy(update={"l_max": c.concurrency_cap + room}) for c in derived.classes)
-    return derived.model_copy(update={"classes": classes, "l_max": max(c.l_max for c in classes)})
+    return derive_thresholds(policy, smollm2_profile(), derived_at=NOW)
 
 
-def loaded(cap: int = 2, max_wait: float | None = 5.0, room: int = 2) -> GateMachine:
+def loaded(cap: int = 2, max_wait: float | None = 5.0) -> GateMachine:
     machine = GateMachine()
-    assert machine.load(thresholds(cap, max_wait, room), 0.0) == []
+    assert machine.load(thresholds(cap, max_wait), 0.0) == []
     return machine
 
 
@@ -78,7 +76,7 @@ def test_a_deferred_request_is_resolved_by_the_release_that_frees_its_slot() -> 
 
 
 def test_waiters_are_resolved_in_priority_order_then_arrival_order() -> None:
-    machine = loaded(room=3)
+    machine = loaded()
     held = [machine.arrive(Request(50, 20, "interactive"), 0.0).ticket for _ in range(2)]
     batch = machine.arrive(Request(50, 20, "batch"), 0.1).waiter
     first = machine.arrive(Request(50, 20, "interactive"), 0.2).waiter
@@ -94,8 +92,9 @@ def test_waiters_are_resolved_in_priority_order_then_arrival_order() -> None:
 
 
 def test_an_expired_wait_is_refused_with_its_reasons_unless_it_fits_by_then() -> None:
-    machine = loaded(max_wait=0.5, room=1)
-    held = [machine.arrive(Request(50, 20), 0.0).ticket for _ in range(2)]
+    machine = loaded(max_wait=0.5)
+    held = [machine.arrive(Request(50, 4), 0.0).ticket for _ in range(2)]  # expected to end within 0.5 s
+    assert machine.ledger.next_release_s(0.0) < 0.5
     waiter = machine.arrive(Request(50, 20), 0.0).waiter
     assert waiter is not None
     assert waiter.deadline == pytest.approx(0.5)
@@ -140,8 +139,10 @@ def test_new_thresholds_resolve_waiters() -> None:
     assert resolution.ticket is not None
 
 
-def test_beyond_its_class_l_max_an_arrival_is_refused_at_once() -> None:
-    machine = loaded(cap=1, room=1)
+def test_an_arrival_no_stream_in_service_would_make_room_for_is_refused_at_once() -> None:
+    """One slot, one stream in it, one waiter for its end: a third arrival's slot would be
+    the second end after the waiter's, and no stream in service gives it one (``inf``)."""
+    machine = loaded(cap=1)
     machine.arrive(Request(50, 20, "batch"), 0.0)
     assert machine.arrive(Request(50, 20, "batch"), 0.0).waiter is not None
     third = machine.arrive(Request(50, 20, "batch"), 0.0)

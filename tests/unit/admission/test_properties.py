@@ -1,10 +1,12 @@
 """Hypothesis properties of the decision: monotone in load, ordered by class."""
 
+import math
+
 from hypothesis import given
 from hypothesis import strategies as st
 
 from canned_profiles import NOW, smollm2_profile
-from slogate_admission.decision import GateConfig, LiveState, Outcome, Request, decide
+from slogate_admission.decision import GateConfig, LiveState, Outcome, Reason, Request, decide
 from slogate_admission.derivation import derive_thresholds
 from slogate_admission.kv import kv_gate
 from slogate_admission.retry import retry_after_s
@@ -37,6 +39,8 @@ states = st.builds(
     deferred=st.integers(0, 20),
     prefill_tokens_per_s=st.none() | st.floats(50, 2000),
     next_release_s=st.floats(0, 60),
+    slot_wait_s=st.floats(0, 60) | st.just(math.inf),
+    ttft_margin=st.floats(1, 3),
 )
 
 
@@ -102,7 +106,12 @@ def test_decision_is_internally_consistent(r: Request, s: LiveState) -> None:
     if d.outcome is Outcome.DEFER:
         assert 0 < d.max_wait_s <= GATE.max_wait_s
         assert d.defer_deadline == 5.0 + d.max_wait_s
-        assert d.predicted_ttft_s + d.max_wait_s <= GATE.limits_for(d.class_name).ttft_slo_s + 1e-9
+        slo = GATE.limits_for(d.class_name).ttft_slo_s
+        # The queue ahead prefills during the wait: what is left after it is its own prefill.
+        assert r.waited_s + s.ttft_margin * d.own_prefill_s + d.max_wait_s <= slo + 1e-9
+        assert d.predicted_ttft_quantile_s <= slo + 1e-9
+        if {Reason.CONCURRENCY, Reason.KV, Reason.DECODE} & set(d.reasons):
+            assert s.slot_wait_s <= d.max_wait_s  # the slot it waits for is expected in time
     if d.outcome is Outcome.ADMIT:
         assert d.predicted_ttft_s <= d.ttft_budget_s + 1e-9
         assert d.kv_needed_tokens <= d.kv_free_tokens

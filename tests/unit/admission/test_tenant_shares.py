@@ -26,13 +26,10 @@ def thresholds(tenants: dict[str, object] | None = None, **policy: object) -> Th
     return derive_thresholds(Policy.model_validate(raw), smollm2_profile(), derived_at=NOW)
 
 
-def machine(tenants: dict[str, object] | None, room: int = 4, **policy: object) -> GateMachine:
-    """A gate with ``room`` deferral places beyond each class's cap (its L_max − cap);
-    ``tenants`` None: no tenant policy."""
-    derived = thresholds(tenants, **policy)
-    classes = tuple(c.model_copy(update={"l_max": c.concurrency_cap + room}) for c in derived.classes)
+def machine(tenants: dict[str, object] | None, **policy: object) -> GateMachine:
+    """A gate; ``tenants`` None: no tenant policy."""
     gate = GateMachine()
-    gate.load(derived.model_copy(update={"classes": classes, "l_max": max(c.l_max for c in classes)}), 0.0)
+    gate.load(thresholds(tenants, **policy), 0.0)
     return gate
 
 
@@ -248,10 +245,12 @@ def test_the_least_served_tenant_leaves_the_deferral_queue_first() -> None:
 
 
 def test_a_waiter_held_by_its_own_share_lets_the_other_tenants_pass() -> None:
-    gate = machine({}, concurrency={"max": 1}, deferral={"maxWaitSeconds": 1.5})
-    slot = gate.arrive(Request(10, 1, tenant="b"), 0.0).ticket  # b active, holding the one slot
-    assert slot is not None
-    gate.first_token(slot, 0.05)
+    # b active, holding all three slots: each waiter below waits for one of their ends.
+    gate = machine({}, concurrency={"max": 3}, deferral={"maxWaitSeconds": 1.5})
+    slot, *others = [gate.arrive(Request(10, 1, tenant="b"), 0.0).ticket for _ in range(3)]
+    for ticket in (slot, *others):
+        assert ticket is not None
+        gate.first_token(ticket, 0.05)
     # Two tenants active: a may hold half the budget, and its two waiters fit in it.
     a_first = gate.arrive(Request(150, 8, tenant="a"), 0.1).waiter
     a_second = gate.arrive(Request(150, 8, tenant="a"), 0.1).waiter
@@ -287,18 +286,21 @@ def test_a_half_life_change_carries_the_counters_over_at_their_value() -> None:
 
 
 def test_the_least_served_tenant_does_not_queue_behind_a_heavier_tenants_waiters() -> None:
-    gate = machine({}, room=2, deferral={"maxWaitSeconds": 1.5})
+    gate = machine({}, deferral={"maxWaitSeconds": 1.5})
     occupy_slots(gate, "heavy", 0.0)
     waiting = [gate.arrive(Request(10, 8, tenant="heavy"), 0.1).decision for _ in range(3)]
-    # The class's L_max is the cap + 2: heavy's third waiter is refused, queue full.
-    assert [d.outcome for d in waiting] == [Outcome.DEFER, Outcome.DEFER, Outcome.REJECT]
-    assert Reason.QUEUE_FULL in waiting[2].reasons
+    # A waiter waits for the end of a stream in service: heavy's waiters take the soonest
+    # ends in turn, and once more wait than streams are in service, the next is refused.
+    assert [d.outcome for d in waiting] == [Outcome.DEFER] * 3
+    assert gate.arrive(Request(10, 8, tenant="heavy"), 0.1).decision.outcome is Outcome.DEFER
+    refused = gate.arrive(Request(10, 8, tenant="heavy"), 0.1).decision
+    assert (refused.outcome, Reason.QUEUE_FULL in refused.reasons) == (Outcome.REJECT, True)
     # light has been served nothing: its turn comes first, so nothing of heavy's is ahead.
     light = gate.arrive(Request(10, 8, tenant="light"), 0.2)
     assert light.decision.outcome is Outcome.DEFER
     assert light.waiter is not None
     assert gate.queue.count_ahead_of(light.waiter) == 0
-    assert [w.request.tenant for w in gate.queue.in_priority_order()] == ["light", "heavy", "heavy"]
+    assert [w.request.tenant for w in gate.queue.in_priority_order()] == ["light"] + ["heavy"] * 4
 
 
 @settings(max_examples=60, deadline=None)
@@ -373,38 +375,37 @@ def test_new_thresholds_listing_more_tenants_take_idle_unlisted_accounts() -> No
     assert {a.name for a in gate.tenants.tracked()} >= {"vip", "gold", OTHER_TENANTS}
 
 
-def test_a_tenant_under_its_share_first_in_line_waits_for_the_soonest_stream_end_past_l_max() -> None:
-    gate = machine({}, room=0)  # L_max = cap: the class's own rule defers nothing when full
+def test_a_tenant_at_its_share_of_the_streams_takes_a_free_slot_never_a_place_in_line() -> None:
+    gate = machine({})
     held = [gate.arrive(Request(10, 8, tenant="heavy"), 0.0).ticket for _ in range(4)]
     for ticket in held:
         assert ticket is not None
         gate.first_token(ticket, 0.05)
     light = gate.arrive(Request(10, 8, tenant="light"), 0.1)
-    # All four slots are heavy's; light holds none of its share of two, nothing is deferred
-    # ahead of it, and the soonest end (8 tokens at 4 streams) comes within its SLO's slack.
+    # All four slots are heavy's: light may wait for the soonest end, within its slack.
     assert gate.ledger.next_release_s(0.1) < SLO_S
     assert light.decision.outcome is Outcome.DEFER
-    assert Reason.QUEUE_FULL not in light.decision.reasons
     heavy = gate.arrive(Request(10, 8, tenant="heavy"), 0.1)
-    assert heavy.decision.outcome is Outcome.REJECT  # over its share of the streams: L_max holds
-    assert Reason.QUEUE_FULL in heavy.decision.reasons
+    # heavy holds more than its half of the streams while light is active: no wait for it.
+    assert heavy.decision.outcome is Outcome.REJECT
+    assert heavy.decision.reasons == (Reason.CONCURRENCY, Reason.TENANT_SHARE)
+    assert heavy.decision.retry_after_s == pytest.approx(gate.ledger.next_release_s(0.1))
     assert held[0] is not None
     (resolution,) = gate.release(held[0], 0.2)
     assert resolution.waiter is light.waiter
     assert resolution.ticket is not None
-    # Without tenants the same arrival is refused, queue full, as it always was.
-    plain = machine(None, room=0)
+    # Without tenants the same arrival waits for the soonest end like any other.
+    plain = machine(None)
     for _ in range(4):
         plain.arrive(Request(10, 8), 0.0)
-    refused = plain.arrive(Request(10, 8), 0.1).decision
-    assert (refused.outcome, Reason.QUEUE_FULL in refused.reasons) == (Outcome.REJECT, True)
+    assert plain.arrive(Request(10, 8), 0.1).decision.outcome is Outcome.DEFER
 
 
-def test_a_turns_wait_overlaps_the_queue_it_would_wait_behind() -> None:
+def test_a_wait_for_a_slot_overlaps_the_queue_it_would_wait_behind() -> None:
     """The prompts queued ahead prefill while it waits for the soonest end: once the slot is
-    its own only its own prefill is left, so the turn holds when that end plus its prefill fits
+    its own only its own prefill is left, so it may wait when that end plus its prefill fits
     the SLO, though the end plus its whole predicted TTFT would not."""
-    gate = machine({}, room=0)
+    gate = machine({})
     held = [gate.arrive(Request(100, 8, tenant="heavy"), 0.0).ticket for _ in range(4)]
     end = gate.ledger.next_release_s(0.1)
     light = gate.arrive(Request(10, 8, tenant="light"), 0.1)

@@ -302,7 +302,7 @@ def test_the_section_renders_every_number_from_the_json() -> None:
     thresholds = derive_thresholds(policies()[1], PROFILE, derived_at=datetime(2026, 1, 1, tzinfo=UTC))
     (cls,) = thresholds.classes
     for shown in ("2026-12-03 23:00 UTC", PROFILE.id, "3.20 req/s", "output weight 2.10, measured",
-                  f"L_max = {cls.l_max} requests inside", f"maxWaitSeconds: {cls.deferral_wait_seconds:.2f} s"):  # fmt: skip
+                  f"concurrency cap {cls.concurrency_cap};", f"queue budget {cls.token_budget:.0f} prompt tokens"):  # fmt: skip
         assert shown in text
     assert "B had 7 of its 36 requests refused, 0 of them for `tenant_share`; A had 360 refused for it." in text
     assert "B's refusals were all for the server's own predicates" in text  # its goal missed, no share refused

@@ -4,6 +4,7 @@ asserts a duration."""
 
 from __future__ import annotations
 
+import math
 import subprocess
 from datetime import UTC, datetime
 from pathlib import Path
@@ -116,16 +117,17 @@ def test_probes_are_refused_at_once_whenever_a_stream_is_in_and_the_load_is_gate
     (plain,) = benchmarks.classes
     load_class, probe_class = with_probes.classes
     assert with_probes.default_class == load_class.name
-    for field in ("ttft_budget_seconds", "concurrency_cap", "deferral_wait_seconds", "l_max"):
+    for field in ("ttft_slo_seconds", "ttft_budget_seconds", "concurrency_cap"):
         assert getattr(load_class, field) == getattr(plain, field), field
     assert (probe_class.name, probe_class.concurrency_cap) == (PROBE_CLASS, 1)
     config = GateConfig.from_thresholds(with_probes)
     probe = Request(100, 32, PROBE_CLASS)
     assert decide(config, probe, LiveState(), 0.0).outcome is Outcome.ADMIT  # an idle server: admitted
     for streams in range(1, with_probes.concurrency_cap + 1):
-        refused = decide(config, probe, LiveState(streams=streams), 0.0)
-        assert refused.outcome is Outcome.REJECT  # at once, never a deferral
-        assert refused.fits_ever  # so a 429, not the 400 of a request that can never fit
+        for slot_wait in (0.0, 0.4, math.inf):  # however soon a slot is expected: never a deferral
+            refused = decide(config, probe, LiveState(streams=streams, slot_wait_s=slot_wait), 0.0)
+            assert refused.outcome is Outcome.REJECT
+            assert refused.fits_ever  # so a 429, not the 400 of a request that can never fit
 
 
 def test_curl_posts_the_probe_and_reports_status_and_time(tmp_path: Path) -> None:

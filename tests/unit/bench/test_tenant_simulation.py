@@ -273,7 +273,6 @@ def canned_raw(b_with: int, total_with: float) -> dict[str, Any]:
         "slo_s": 2.0,
         "mu_rps": 0.857,
         "concurrency_cap": 4,
-        "l_max": 4,
         "client_timeout_s": 10.0,
         "tenant_policy": {"halfLifeSeconds": 60.0, "maxTracked": 64, "outputWeight": 1.69, "outputWeightMeasured": True},
         "seeds": [1, 2],

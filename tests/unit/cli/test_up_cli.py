@@ -113,8 +113,8 @@ def test_the_sidecar_names_the_flag_of_a_taken_port(taken_port: int) -> None:
     ]
 
 
-def test_the_thresholds_table_shows_how_each_l_max_is_derived() -> None:
-    """Issue 12.7: `L_max 4 | λ 0.25 x W_max 9.5 s` multiplied to 2.35 with no step shown."""
+def test_the_thresholds_table_shows_each_class_and_the_deferral_rule() -> None:
+    """Issue 28.2: no queue length from a reference request; each request's own bound, in words."""
     policy = Policy.model_validate(
         {
             "concurrency": {"max": 4},
@@ -128,13 +128,12 @@ def test_the_thresholds_table_shows_how_each_l_max_is_derived() -> None:
     console = Console(width=220, record=True)
     console.print(up_command.thresholds_table(smollm2_profile(), t))
     text = console.export_text()
-    batch = t.classes[1]
-    assert batch.l_max > 3
-    assert (
-        f"cap 3 + ⌊μ {t.throughput_rps:.2f}/s x W {batch.deferral_wait_seconds:.1f} s⌋ = 3 + {batch.l_max - 3}" in text
-    )
-    row = next(line for line in text.splitlines() if "L_max batch" in line)
-    assert f" {batch.l_max} " in row
+    assert "L_max" not in text
+    row = next(line for line in text.splitlines() if "│ class batch " in line)
+    assert "cap 3" in row
+    assert "own SLO 10 s" in row
+    row = next(line for line in text.splitlines() if "│ deferral " in line)
+    assert "its SLO less its own prefill (no cap)" in row
 
 
 def test_up_uses_a_cached_profile_only_for_the_servers_fingerprint(

@@ -155,9 +155,6 @@ async def test_a_drain_turns_readyz_503_and_refuses_new_requests_before_the_upst
 
 async def test_deferred_requests_are_refused_when_the_drain_begins(tmp_path: Path) -> None:
     one_slot = thresholds_for(smollm2_profile(), concurrency={"max": 1}, deferral={"maxWaitSeconds": 30})
-    # Room to wait beyond the one slot (the derived L_max leaves none at this cap).
-    classes = tuple(c.model_copy(update={"l_max": 3}) for c in one_slot.classes)
-    one_slot = one_slot.model_copy(update={"classes": classes, "l_max": 3})
     async with gated(tmp_path, one_slot) as (fake, gate):
         held = await held_stream(gate, fake)
         waiting = asyncio.create_task(stream(gate.session, gate.url))

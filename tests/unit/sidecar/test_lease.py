@@ -119,9 +119,7 @@ async def test_a_client_leaving_while_deferred_is_counted_under_its_resolved_cla
     metrics = SidecarMetrics()
     recorded = MetricsLearner(metrics)
     gate = Gate(observers=[recorded], learners=[recorded])
-    t = thresholds(cap=1)  # one slot, and a place to wait behind it
-    classes = tuple(c.model_copy(update={"l_max": c.concurrency_cap + 1}) for c in t.classes)
-    gate.load(t.model_copy(update={"classes": classes, "l_max": 2}))
+    gate.load(thresholds(cap=1))  # one slot; a waiter for its stream's end
     held = (await gate.acquire(Request(50, 20), ORIGIN)).lease
     waiting = asyncio.create_task(gate.acquire(Request(50, 20, "no-such-class"), ORIGIN))
     await asyncio.sleep(0)

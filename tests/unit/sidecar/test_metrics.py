@@ -170,7 +170,7 @@ def test_thresholds_replace_class_series_and_info() -> None:
     assert series(s, "slogate_threshold_token_budget") == {key(klass="default"): pytest.approx(only.token_budget)}
     assert series(s, "slogate_threshold_ttft_budget_seconds") == {key(klass="default"): 3.0}
     assert series(s, "slogate_threshold_concurrency_cap") == {key(klass="default"): 2.0}
-    assert series(s, "slogate_threshold_l_max") == {key(): float(second.l_max)}
+    assert "slogate_threshold_l_max" not in s  # deprecated on the wire, ignored by the gate
     assert series(s, "slogate_kv_capacity_tokens") == {key(): 8192.0}
     assert series(s, "slogate_prefill_rate_tokens_per_second") == {
         key(source="calibrated"): pytest.approx(second.prefill_tokens_per_second)

@@ -28,15 +28,11 @@ QUIET = {"poll_interval_s": 3600.0, "upstream_read_timeout_s": 10.0}
 request admitted by mistake would wait for a held generation: it fails in 10 s, not 60.)"""
 
 
-def policy(slo: float = 2.0, cap: int = 4, max_wait: float | None = None, l_max: int | None = None) -> Thresholds:
-    """One class; ``l_max`` overrides the derived one (how many may wait beyond the cap)."""
-    derived = thresholds_for(
+def policy(slo: float = 2.0, cap: int = 4, max_wait: float | None = None) -> Thresholds:
+    """One class."""
+    return thresholds_for(
         smollm2_profile(), slo={"ttftSeconds": slo}, concurrency={"max": cap}, deferral={"maxWaitSeconds": max_wait}
     )
-    if l_max is None:
-        return derived
-    classes = tuple(c.model_copy(update={"l_max": l_max}) for c in derived.classes)
-    return derived.model_copy(update={"classes": classes, "l_max": l_max})
 
 
 def safe_to_retry(answer: Answer, status: int, fake: HeldUpstream | None, generations_before: int) -> None:
@@ -130,20 +126,24 @@ async def test_a_request_an_idle_gate_refuses_too_gets_400_without_retry_after(t
         assert fake.generations == before + 1
 
 
-async def test_a_full_deferral_queue_is_refused(tmp_path: Path) -> None:
-    thresholds = policy(cap=1, max_wait=30.0, l_max=1)  # no place to wait beyond the one slot
+async def test_a_wait_no_stream_end_can_serve_is_refused_at_once(tmp_path: Path) -> None:
+    thresholds = policy(cap=1, max_wait=30.0)
     async with held_upstream() as fake, sidecar_in_front_of(fake.url, tmp_path, thresholds, **QUIET) as gate:
         held = await hold(gate, fake, 20)
         before = fake.generations
-        answer = await ask(gate, TOKENS)
+        waiting = asyncio.create_task(ask(gate, TOKENS))  # it waits for the one stream's end ...
+        await until(lambda: gate.sidecar.gate.deferred == 1)
+        answer = await ask(gate, TOKENS)  # ... and no end is left for this one: refused now
         safe_to_retry(answer, 429, fake, before)
         assert answer.reasons == ["concurrency", "queue_full"]
+        assert gate.sidecar.gate.deferred == 1
         fake.release()
         assert await held == 200
+        assert (await waiting).status == 200
 
 
 async def test_a_deferral_that_runs_out_is_refused(tmp_path: Path) -> None:
-    thresholds = policy(cap=1, max_wait=0.3, l_max=3)
+    thresholds = policy(cap=1, max_wait=0.3)
     async with held_upstream() as fake, sidecar_in_front_of(fake.url, tmp_path, thresholds, **QUIET) as gate:
         held = await hold(gate, fake, 20)
         before = fake.generations

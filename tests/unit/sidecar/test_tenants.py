@@ -219,8 +219,8 @@ async def test_refusals_before_the_prompt_is_counted_are_in_the_tenants_books(tm
         assert fake.calls["/tokenize"] == tokenized
 
         # team-b takes the last slot; team-c then finds none. It holds none of its share of the
-        # streams and nothing waits ahead of it, so it may wait for the soonest stream end past
-        # L_max: the pre-check passes, its prompt is counted, and its wait runs out (no stream ends).
+        # streams and nothing waits ahead of it, so it may wait for the soonest stream end: the
+        # pre-check passes, its prompt is counted, and its wait runs out (no stream ends).
         held.append(await hold(gate, fake, 10, **by("team-b")))
         full = await ask(gate, text, by("team-c"))
         assert full.status == 429

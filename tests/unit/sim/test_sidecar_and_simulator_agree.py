@@ -35,7 +35,7 @@ from slogate_sim.fronts import Forward, Hold, Refuse, SlogateFront
 
 
 def thresholds(cap: int) -> Thresholds:
-    """Interactive (5 s) above batch (20 s), at most 1.5 s of deferral, one place to wait."""
+    """Interactive (5 s) above batch (20 s), at most 1.5 s of deferral."""
     policy = Policy.model_validate(
         {
             "concurrency": {"max": cap},
@@ -43,9 +43,7 @@ def thresholds(cap: int) -> Thresholds:
             "deferral": {"maxWaitSeconds": 1.5},
         }
     )
-    derived = derive_thresholds(policy, smollm2_profile(), derived_at=NOW)
-    classes = tuple(c.model_copy(update={"l_max": c.concurrency_cap + 1}) for c in derived.classes)
-    return derived.model_copy(update={"classes": classes, "l_max": cap + 1})
+    return derive_thresholds(policy, smollm2_profile(), derived_at=NOW)
 
 
 # --------------------------------------------------------------------------- the trace
@@ -92,9 +90,9 @@ Event = Arrive | FirstToken | Complete | Leave | Swap
 TRACE: list[Event] = [
     Arrive(0.0, "a", 100, 11, "interactive"),  # admitted
     Arrive(0.1, "b", 200, 12, "batch"),  # admitted: both slots taken
-    Arrive(0.2, "c", 50, 13, "batch"),  # deferred (L_max 3)
-    Arrive(0.3, "d", 60, 14, "batch"),  # refused: queue_full
-    Arrive(0.4, "e", 70, 15, "interactive"),  # deferred, ahead of c
+    Arrive(0.2, "c", 50, 13, "batch"),  # deferred: it waits for the soonest end
+    Arrive(0.4, "e", 70, 15, "interactive"),  # deferred, ahead of c: it takes the soonest end
+    Arrive(0.45, "d", 60, 14, "batch"),  # refused: queue_full (two wait ahead, two in service)
     FirstToken(0.5, "a"),
     Complete(0.8, "a"),  # frees a slot: e (higher class) goes first
     Arrive(1.0, "f", 3000, 16, "interactive"),  # beyond one slot's context: refused for good
@@ -107,7 +105,7 @@ TRACE: list[Event] = [
     FirstToken(2.5, "g"),
     Leave(2.6, "g"),  # hangs up mid-stream: abandoned, its slot goes to h
     Arrive(2.7, "i", 40, 19, "interactive"),  # deferred; its 1.5 s wait runs out at 4.2: refused
-    Arrive(2.75, "j", 45, 21, "batch"),  # refused: queue_full (h in service, i ahead)
+    Arrive(2.75, "j", 45, 21, "batch"),  # deferred behind i; its wait runs out too: refused
     FirstToken(3.0, "h"),
     Complete(5.0, "b"),
     Complete(5.5, "e"),

@@ -1,5 +1,5 @@
-"""Issue 12.7: deferral is alive by default. L_max per class = cap + ⌊μ · W⌋, W the wait a
-deferred request can afford within its own SLO; the decision lets such a request wait."""
+"""Issue 12.7 and 28.2: deferral is alive by default, and each request's wait is bounded by
+its own slack and the slot it would get, not by a queue length sized for a reference request."""
 
 import math
 
@@ -7,12 +7,7 @@ import pytest
 
 from canned_profiles import NOW, smollm2_profile
 from slogate_admission.decision import GateConfig, LiveState, Outcome, Reason, Request, decide
-from slogate_admission.derivation import (
-    deferral_l_max,
-    deferral_wait_s,
-    derive_thresholds,
-    prefill_curve,
-)
+from slogate_admission.derivation import derive_thresholds
 from slogate_admission.schema import Policy, Thresholds
 
 EXAMPLE_CLASSES = [
@@ -26,42 +21,40 @@ def derived(**policy: object) -> Thresholds:
     return derive_thresholds(Policy.model_validate(policy), smollm2_profile(), derived_at=NOW)
 
 
-def test_the_formula_with_numbers() -> None:
-    # 4 slots, μ = 0.25/s: a 7.8 s wait frees ⌊1.95⌋ = 1 slot, an 8 s wait exactly 2.
-    assert deferral_l_max(4, 0.25, 7.8) == 5
-    assert deferral_l_max(4, 0.25, 8.0) == 6
-    assert deferral_l_max(3, 0.25, 0.0) == 3
-    # W = SLO − T_prefill(n_ref), never negative, capped by the policy's max wait.
-    assert deferral_wait_s(10.0, 2.2, None) == pytest.approx(7.8)
-    assert deferral_wait_s(1.0, 2.2, None) == 0.0
-    assert deferral_wait_s(10.0, 2.2, 1.5) == 1.5
-
-
-def test_each_class_gets_its_own_wait_and_l_max() -> None:
+def test_the_deprecated_l_max_fields_carry_the_caps_for_earlier_sidecars() -> None:
+    """An earlier sidecar refused an arrival that found lMax ahead of it: at the cap it
+    refuses rather than defers while an upgrade rolls. The gate reads neither field."""
     t = derived(concurrency={"max": 4}, classes=EXAMPLE_CLASSES)
-    reference_prefill = prefill_curve(smollm2_profile()).seconds(t.reference_prompt_tokens)
-    interactive, batch = t.classes
-    assert interactive.deferral_wait_seconds == pytest.approx(max(1.0 - reference_prefill, 0.0))
-    assert batch.deferral_wait_seconds == pytest.approx(10.0 - reference_prefill)
-    assert batch.concurrency_cap == 3  # one slot reserved above
-    assert batch.l_max == 3 + math.floor(t.throughput_rps * (10.0 - reference_prefill))
-    assert batch.l_max > batch.concurrency_cap
-    assert t.l_max == max(interactive.l_max, batch.l_max)
+    assert [(c.l_max, c.deferral_wait_seconds) for c in t.classes] == [(4, 0.0), (3, 0.0)]
+    assert t.l_max == 4
+    wire = t.model_dump(by_alias=True)
+    assert wire["lMax"] == 4
+    assert [c["lMax"] for c in wire["classes"]] == [4, 3]
+    ignored = t.model_copy(update={"classes": tuple(c.model_copy(update={"l_max": 99}) for c in t.classes)})
+    state = LiveState(streams=3, slot_wait_s=math.inf)
+    for thresholds in (t, ignored):
+        d = decide(GateConfig.from_thresholds(thresholds), Request(100, 64, "batch"), state, now=0.0)
+        assert (d.outcome, d.reasons) == (Outcome.REJECT, (Reason.CONCURRENCY, Reason.QUEUE_FULL))
 
 
-def test_a_batch_request_that_finds_its_slots_busy_waits() -> None:
+def test_a_batch_request_that_finds_its_slots_busy_waits_for_the_slot_it_would_get() -> None:
     """The issue's burst: slots busy, a 10 s SLO. It was refused with queue_full at once."""
     config = GateConfig.from_thresholds(derived(concurrency={"max": 4}, classes=EXAMPLE_CLASSES))
-    busy = LiveState(streams=3)
+    own = config.prefill.seconds(100)  # at the margin LiveState defaults to (1)
+    busy = LiveState(streams=3, slot_wait_s=6.0)
     d = decide(config, Request(100, 64, "batch"), busy, now=50.0)
     assert d.outcome is Outcome.DEFER
     assert d.reasons == (Reason.CONCURRENCY,)  # no `decode`: no per-token SLO is set
-    assert d.max_wait_s == pytest.approx(10.0 - d.predicted_ttft_s)
+    assert d.max_wait_s == pytest.approx(10.0 - own)
+    # Its slot expected after its slack: refused now, not at its deadline.
+    late = LiveState(streams=3, slot_wait_s=10.0 - own + 0.01)
+    refused = decide(config, Request(100, 64, "batch"), late, now=50.0)
+    assert (refused.outcome, refused.reasons) == (Outcome.REJECT, (Reason.CONCURRENCY, Reason.QUEUE_FULL))
+    assert refused.retry_after_s is not None  # it fits an idle server: a 429, never the 400
 
 
 def test_max_wait_zero_turns_deferral_off() -> None:
     t = derived(concurrency={"max": 4}, classes=EXAMPLE_CLASSES, deferral={"maxWaitSeconds": 0})
-    assert all(c.l_max == c.concurrency_cap for c in t.classes)
     d = decide(GateConfig.from_thresholds(t), Request(100, 64, "batch"), LiveState(streams=3), now=0)
     assert (d.outcome, d.reasons) == (Outcome.REJECT, (Reason.CONCURRENCY,))
 
