@@ -150,7 +150,9 @@ def test_a_spec_change_updates_the_scaled_object_once_and_disabling_deletes_it(
     cluster.patch(POLICIES, "smollm2", {"spec": {"autoscaling": {"enabled": False}}})
     eventually(lambda: names_of(cluster, SCALED_OBJECTS) == set(), what="the ScaledObject deleted")
     eventually(lambda: autoscaling_status(cluster) == {} and scaling_condition(cluster) == {})
-    assert events(cluster, "AutoscalerDeleted")
+    eventually(
+        lambda: events(cluster, "AutoscalerDeleted"), what="an AutoscalerDeleted event"
+    )  # posted after the status
     settle("smollm2")
     assert len(cluster.calls("DELETE", "scaledobjects")) == 1  # once: the status no longer records it
     assert status_of(cluster, "Ready") == "True"
@@ -288,6 +290,5 @@ def test_disabling_deletes_an_hpa_a_failed_pass_never_recorded(cluster: Cluster)
     cluster.patch(POLICIES, "smollm2", {"spec": {"autoscaling": {"enabled": False}}})
     with running_operator(cluster):
         eventually(lambda: cluster.list(HPAS) == [], what="the unrecorded HPA deleted")
-        assert [e["message"] for e in events(cluster, "AutoscalerDeleted")] == [
-            "HorizontalPodAutoscaler smollm2-smollm2 deleted"
-        ]
+        deleted = eventually(lambda: events(cluster, "AutoscalerDeleted"), what="an AutoscalerDeleted event")
+        assert [e["message"] for e in deleted] == ["HorizontalPodAutoscaler smollm2-smollm2 deleted"]

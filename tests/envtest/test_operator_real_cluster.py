@@ -140,7 +140,9 @@ def test_a_job_the_api_server_refuses_is_degraded_with_its_message(cluster: Clus
     found = degraded(cluster)
     assert found["reason"] == "CalibrationJobRejected"
     assert "422" in found["message"]
-    assert [e["type"] for e in events(cluster, "CalibrationJobRejected")] == ["Warning"]
+    # The status is written before the event is posted: seeing one does not mean the other is there.
+    rejected = eventually(lambda: events(cluster, "CalibrationJobRejected"), what="a CalibrationJobRejected event")
+    assert [e["type"] for e in rejected] == ["Warning"]
     (job,) = eventually(lambda: job_names(cluster), what="the retry after the backoff")
     complete_job(cluster, job, compact_json(smollm2_profile()))
     eventually(lambda: status_of(cluster, "Ready") == "True")
