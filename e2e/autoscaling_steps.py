@@ -5,7 +5,9 @@ cluster that has neither KEDA nor prometheus-adapter (the suite's real cluster h
    the Deployment on the External metric `slogate_demand_pods`; the real HPA controller
    reports on it (current replicas in the policy's status). It cannot read the metric (no
    adapter), so it holds the replicas, which lie within min and max: the Deployment's
-   `spec.replicas` stays what it was, and no controller fights over it.
+   `spec.replicas` stays what it was, and no controller fights over it. Its scale-up window
+   is the one derived from the start-up the real kubelet recorded for the pods (creation to
+   Ready) + the adapter's 60 s rate window + the controller manager's 15 s sync.
 2. `engine: keda`: without KEDA's CRD the policy says so (AutoscalingReady False,
    KedaNotInstalled) and stays Ready: the gate works without the autoscaler. (Where KEDA is
    installed, its ScaledObject is checked instead.)
@@ -15,10 +17,15 @@ cluster that has neither KEDA nor prometheus-adapter (the suite's real cluster h
 from __future__ import annotations
 
 import json
+import math
 from typing import Any
 
 from cluster_tools import Kube, condition, is_true, wait_until
 from suite import APP_NAMESPACE, RELEASE_NAMESPACE, Example, seconds
+
+from slogate_operator import names
+from slogate_operator.builders import is_calibration_pod, policy_label_value
+from slogate_operator.pod_startup import SETTLED, median_startup_s
 
 OPERATOR_LOGS = f"kubectl -n {RELEASE_NAMESPACE} logs -l app.kubernetes.io/component=operator"
 READY = "AutoscalingReady"
@@ -71,9 +78,28 @@ def check_hpa_engine(kube: Kube, example: Example) -> str:
     assert hpa["spec"]["scaleTargetRef"] == {"apiVersion": "apps/v1", "kind": "Deployment", "name": example.deployment}
     assert [m["external"]["metric"]["name"] for m in hpa["spec"]["metrics"]] == ["slogate_demand_pods"]
     assert found["status"]["autoscaling"]["currentReplicas"] == before
+    check_scale_up_window(kube, example, found["status"]["autoscaling"], hpa)
     assert replicas(kube, example) == before, "the Deployment's spec.replicas moved"
     assert is_true(found, "Ready"), "autoscaling must not take the gate's Ready away"
     return str(name)
+
+
+def check_scale_up_window(kube: Kube, example: Example, status: dict[str, Any], hpa: dict[str, Any]) -> None:
+    """The HPA's scale-up window is derived from the pods' start-up as the kubelet reported it."""
+    window = hpa["spec"]["behavior"]["scaleUp"]["stabilizationWindowSeconds"]
+    assert status["scaleUpStabilizationSeconds"] == window
+    selector = f"{names.LABEL_POLICY}={policy_label_value(example.policy)}"
+    listed = kube.json("-n", APP_NAMESPACE, "get", "pods", "-l", selector, hint="kubectl get pods")["items"]
+    measured = median_startup_s([p for p in listed if not is_calibration_pod(p)])
+    startup = status.get("podStartupSeconds")
+    if startup is None:  # no pod became Ready once without a restart: counted as 0
+        assert measured is None, (measured, status)
+        assert window == 60 + 15
+        return
+    assert measured is not None, status
+    assert startup > 0, status
+    assert abs(measured - startup) <= SETTLED * startup + 1, (measured, status)  # pods may have come since
+    assert window == math.ceil(startup + 60 + 15), (window, status)
 
 
 def keda_judged(kube: Kube, example: Example, keda_installed: bool) -> dict[str, Any] | None:

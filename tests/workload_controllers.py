@@ -136,6 +136,23 @@ def run_pods(cluster: Cluster, deployment_name: str, ips: list[str], ns: str = N
     return made
 
 
+def ready_pod(cluster: Cluster, deployment_name: str, startup_s: float, index: int = 0, ns: str = NS) -> str:
+    """A pod of the Deployment that the kubelet reported Ready ``startup_s`` after its creation."""
+    pod = create_pod(cluster, deployment_name, index, ns)
+    created = datetime.datetime.fromisoformat(pod["metadata"]["creationTimestamp"].replace("Z", "+00:00"))
+    ready = (created + datetime.timedelta(seconds=startup_s)).strftime("%Y-%m-%dT%H:%M:%SZ")
+    statuses = [
+        {"name": c["name"], "ready": True, "restartCount": 0, "image": c["image"], "imageID": "",
+         "state": {"running": {"startedAt": pod["metadata"]["creationTimestamp"]}}}
+        for c in pod["spec"]["containers"]
+    ]  # fmt: skip
+    conditions = [{"type": "Ready", "status": "True", "lastTransitionTime": ready}]
+    # No podIP: nothing is pushed to it (tests contact only loopback; pods that serve are run_pods').
+    status = {"phase": "Running", "containerStatuses": statuses, "conditions": conditions}
+    cluster.patch(PODS, pod["metadata"]["name"], {"status": status}, ns, sub="status")
+    return str(pod["metadata"]["name"])
+
+
 def gate_of(cluster: Cluster, deployment_name: str, ns: str = NS) -> str | None:
     """The gate annotation of the Deployment's pod template: set while its pods are to be gated."""
     deployment = cluster.get(DEPLOYMENTS, deployment_name, ns)

@@ -14,6 +14,7 @@ stating it:
 - ``derivation``: Policy + CalibrationProfile -> Thresholds.
 - ``decision``: the O(1) per-arrival decision.
 - ``whatif``: the formulas as an operator's calculator.
+- ``scale_up``: the autoscaler's scale-up window that buys pods only for demand that lasts.
 """
 
 from slogate_admission.decision import (

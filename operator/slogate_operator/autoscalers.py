@@ -18,8 +18,16 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from slogate_operator import names
-from slogate_operator.autoscaling import COMPONENT, AutoscalerRequest, autoscaler, contains, hpa_name, kind_of
+from slogate_operator import names, pod_startup
+from slogate_operator.autoscaling import (
+    COMPONENT,
+    AutoscalerRequest,
+    autoscaler,
+    contains,
+    hpa_name,
+    kind_of,
+    scale_up_window_s,
+)
 from slogate_operator.builders import PolicyRef, policy_label_value
 from slogate_operator.client import (
     HPAS,
@@ -78,10 +86,13 @@ async def step(
     *,
     gated: bool,
     spec_changed: bool = False,
+    pods: Sequence[Mapping[str, Any]] = (),
 ) -> AutoscalingReport:
     """The pass's autoscaling step over its usable targets (``previous``: the policy's last
     status; ``gated``: thresholds are in force; ``spec_changed``: the first pass over a new
-    generation of the spec)."""
+    generation of the spec; ``pods``: the targets' pods, whose start-up sizes the scale-up window)."""
+    in_force = (previous.get("autoscaling") or {}).get("podStartupSeconds")
+    startup_s = pod_startup.settled(in_force, pod_startup.median_startup_s(pods))
     return await reconcile_autoscalers(
         rt.client,
         policy,
@@ -91,6 +102,7 @@ async def step(
         prometheus_url=rt.settings.prometheus_url,
         previous=previous.get("autoscaling"),
         spec_changed=spec_changed,
+        startup_s=startup_s,
     )
 
 
@@ -104,8 +116,10 @@ async def reconcile_autoscalers(
     prometheus_url: str,
     previous: Mapping[str, Any] | None,
     spec_changed: bool = False,
+    startup_s: float | None = None,
 ) -> AutoscalingReport:
-    """Apply the policy's autoscalers for ``deployments`` (its usable targets); never raises an ApiError."""
+    """Apply the policy's autoscalers for ``deployments`` (its usable targets; ``startup_s``:
+    their pods' start-up); never raises an ApiError."""
     report = AutoscalingReport()
     recorded = _recorded(previous)
     try:
@@ -128,7 +142,8 @@ async def reconcile_autoscalers(
                 "(until then no sidecar decides, so none prices any work and the demand query reads 0)",
             )
             return report
-        await _apply(client, policy, spec, deployments, prometheus_url=prometheus_url, recorded=recorded, report=report)
+        await _apply(client, policy, spec, deployments, prometheus_url=prometheus_url, recorded=recorded,
+                     report=report, startup_s=startup_s)  # fmt: skip
     except RefusalError as refusal:
         report.condition = Condition(C.AUTOSCALING_READY, False, refusal.reason, str(refusal))
         report.status = dict(previous) if previous else None  # what is known to exist, for the next pass
@@ -144,11 +159,12 @@ async def _apply(
     prometheus_url: str,
     recorded: list[tuple[str, str]],
     report: AutoscalingReport,
+    startup_s: float | None,
 ) -> None:
     kind = kind_of(spec.engine)
     resource = RESOURCES[kind]
     url = spec.prometheus.server_address or prometheus_url
-    wanted = {r.name: r for r in (AutoscalerRequest(policy, d, spec, url) for d in deployments)}
+    wanted = {r.name: r for r in (AutoscalerRequest(policy, d, spec, url, startup_s) for d in deployments)}
     query = _theirs(policy).query()
     listed = await _call(kind, "list", client.list(resource, policy.namespace, label_selector=query))
     mine = {str(o["metadata"]["name"]): o for o in listed if _controlled_by(o, policy)}
@@ -190,7 +206,7 @@ async def _apply(
                 }
             )
         )
-    report.status = _summary(spec, objects)
+    report.status = _summary(spec, objects, startup_s)
     report.condition = _judged(spec, kind, objects, taken, targeted=bool(deployments), blocked=blocked)
 
 
@@ -279,8 +295,9 @@ def _without_none(values: Mapping[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in values.items() if v is not None}
 
 
-def _summary(spec: AutoscalingSpec, objects: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-    """status.autoscaling: replicas summed over the targets, once every HPA has reported them."""
+def _summary(spec: AutoscalingSpec, objects: Sequence[Mapping[str, Any]], startup_s: float | None) -> dict[str, Any]:
+    """status.autoscaling: replicas summed over the targets, once every HPA has reported them;
+    the scale-up window in force, and the measured start-up it was derived from."""
     summed = {
         key: sum(int(o[key]) for o in objects) if objects and all(key in o for o in objects) else None
         for key in ("desiredReplicas", "currentReplicas")
@@ -290,6 +307,8 @@ def _summary(spec: AutoscalingSpec, objects: Sequence[Mapping[str, Any]]) -> dic
             "engine": spec.engine,
             "minReplicas": spec.min_replicas,
             "maxReplicas": spec.max_replicas,
+            "podStartupSeconds": round(startup_s, 1) if startup_s is not None else None,
+            "scaleUpStabilizationSeconds": scale_up_window_s(spec, startup_s),
             **summed,
             "objects": [dict(o) for o in objects],
         }

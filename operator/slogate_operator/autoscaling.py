@@ -18,9 +18,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from slogate_admission.scale_up import lasting_demand_window_s
 from slogate_operator import names
 from slogate_operator.builders import PolicyRef, policy_labels
-from slogate_operator.demand_query import demand_query
+from slogate_operator.demand_query import DEFAULT_WINDOW_S, demand_query
 from slogate_operator.selectors import labelled
 from slogate_operator.spec import AutoscalingSpec
 
@@ -30,6 +31,9 @@ WORKLOAD_LABEL = "workload"
 """The series label naming the Deployment (set by the chart's PodMonitor)."""
 COMPONENT = "autoscaler"
 KEDA_API_VERSION = "keda.sh/v1alpha1"
+HPA_SYNC_PERIOD_S = 15
+"""The controller manager's ``--horizontal-pod-autoscaler-sync-period`` default: how often
+the HPA engine reads its metric (KEDA's HPA reads ``pollingIntervalSeconds``)."""
 HPA_API_VERSION = "autoscaling/v2"
 
 
@@ -43,6 +47,8 @@ class AutoscalerRequest:
     spec: AutoscalingSpec
     prometheus_url: str
     """The Prometheus KEDA queries: the policy's own serverAddress, else the operator's setting."""
+    startup_s: float | None = None
+    """The target pods' measured start-up, creation to Ready (``pod_startup``); None: not measured yet."""
 
     @property
     def name(self) -> str:
@@ -71,10 +77,21 @@ def quantity(value: float) -> str:
     return f"{micro}u"
 
 
-def behavior(spec: AutoscalingSpec) -> dict[str, Any]:
+def scale_up_window_s(spec: AutoscalingSpec, startup_s: float | None) -> int:
+    """The spec's scale-up window, or the one derived from the pods' start-up (0 while not
+    measured), the engine's rate window and its polling interval (``slogate_admission.scale_up``)."""
+    if spec.scale_up_stabilization_seconds is not None:
+        return spec.scale_up_stabilization_seconds
+    keda = spec.engine == "keda"
+    rate_window_s = spec.metric_window_seconds if keda else DEFAULT_WINDOW_S  # the adapter's rule is fixed
+    interval_s = spec.polling_interval_seconds if keda else HPA_SYNC_PERIOD_S
+    return lasting_demand_window_s(startup_s or 0.0, rate_window_s, interval_s)
+
+
+def behavior(spec: AutoscalingSpec, up_window_s: int) -> dict[str, Any]:
     """The HPA's stabilization windows (both engines: KEDA passes it to its HPA)."""
     return {
-        "scaleUp": {"stabilizationWindowSeconds": spec.scale_up_stabilization_seconds},
+        "scaleUp": {"stabilizationWindowSeconds": up_window_s},
         "scaleDown": {"stabilizationWindowSeconds": spec.scale_down_stabilization_seconds},
     }
 
@@ -120,7 +137,11 @@ def scaled_object(request: AutoscalerRequest) -> dict[str, Any]:
             "minReplicaCount": spec.min_replicas,
             "maxReplicaCount": spec.max_replicas,
             "pollingInterval": spec.polling_interval_seconds,
-            "advanced": {"horizontalPodAutoscalerConfig": {"behavior": behavior(spec)}},
+            "advanced": {
+                "horizontalPodAutoscalerConfig": {
+                    "behavior": behavior(spec, scale_up_window_s(spec, request.startup_s))
+                }
+            },
             "triggers": [trigger],
         },
     }
@@ -146,7 +167,7 @@ def horizontal_pod_autoscaler(request: AutoscalerRequest) -> dict[str, Any]:
             "minReplicas": spec.min_replicas,
             "maxReplicas": spec.max_replicas,
             "metrics": [metric],
-            "behavior": behavior(spec),
+            "behavior": behavior(spec, scale_up_window_s(spec, request.startup_s)),
         },
     }
 

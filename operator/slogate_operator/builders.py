@@ -62,6 +62,15 @@ class PolicyRef:
         }
 
 
+CALIBRATION_COMPONENT = "calibration"
+"""The component label of a calibration Job and its pod."""
+
+
+def is_calibration_pod(pod: Mapping[str, Any]) -> bool:
+    """A calibration Job's pod (it carries the policy's label like the pods it gates)."""
+    return ((pod.get("metadata") or {}).get("labels") or {}).get(names.LABEL_COMPONENT) == CALIBRATION_COMPONENT
+
+
 def policy_labels(policy: str) -> dict[str, str]:
     """Labels of everything the operator creates for a policy."""
     return {names.LABEL_MANAGED_BY: names.MANAGED_BY, names.LABEL_POLICY: policy_label_value(policy)}
@@ -104,7 +113,7 @@ def calibration_job(request: CalibrationRequest) -> dict[str, Any]:
     port = llama.port()
     name = names.calibration_job_name(request.policy.name, request.container_fingerprint)
     labels = policy_labels(request.policy.name) | {
-        names.LABEL_COMPONENT: "calibration",
+        names.LABEL_COMPONENT: CALIBRATION_COMPONENT,
         names.LABEL_FINGERPRINT: request.container_fingerprint,
     }
     # Nor its lifecycle hooks: the drain hook an injection gave it calls a sidecar this pod has not.

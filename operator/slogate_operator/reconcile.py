@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -139,10 +139,14 @@ class Pass:
             again, _ = await self.gate(scan, gate=stored.thresholds is not None, drain=drain, latest=latest)
             yield again
         yield self.notes(scan, gated=stored.thresholds is not None, found=calibration.notes)
-        yield await self.autoscale(scan, gated=bool(stored.thresholds))
+        serving = stored.thresholds is not None and bool(scan.targets)
+        pods = await self.pods(scan) if serving else {}
+        # The calibration Job's pod carries the policy's label too; its start-up is not a serving pod's.
+        serving_pods = [p for p in pods.values() if not builders.is_calibration_pod(p)]
+        yield await self.autoscale(scan, gated=bool(stored.thresholds), pods=serving_pods)
         yield in_force(policy, stored)
-        if stored.thresholds is not None and scan.targets:
-            yield await self.push(scan, stored, token)
+        if serving:
+            yield await self.push(scan, stored, token, pods)
 
     async def scan(self) -> targets.TargetScan:
         """The namespace's Deployments as the policy sees them; changes to those it concerns wake it."""
@@ -293,16 +297,16 @@ class Pass:
                 )
         return Decision(status={"notes": notes[:20]}) if notes else Decision()
 
-    async def autoscale(self, scan: targets.TargetScan, *, gated: bool) -> Decision:
+    async def autoscale(self, scan: targets.TargetScan, *, gated: bool, pods: Sequence[Mapping[str, Any]]) -> Decision:
         report = await autoscalers.step(
-            self.rt, self.policy, self.spec, scan, self.previous, gated=gated, spec_changed=self.spec_changed
-        )
+            self.rt, self.policy, self.spec, scan, self.previous, gated=gated, spec_changed=self.spec_changed,
+            pods=pods,
+        )  # fmt: skip
         judged = (report.condition,) if report.condition is not None else ()
         return Decision(status={"autoscaling": report.status}, events=tuple(report.events), autoscaling=judged)
 
-    async def push(self, scan: targets.TargetScan, stored: stores.StoredCalibration, token: str) -> Decision:
-        """Report who serves the thresholds in force; push to the rest in the background."""
-        assert stored.thresholds is not None
+    async def pods(self, scan: targets.TargetScan) -> dict[str, Mapping[str, Any]]:
+        """The targets' pods by name."""
         rt, policy, sidecar = self.rt, self.policy, self.spec.operator.sidecar
         pods: dict[str, Mapping[str, Any]] = {}
         # Injected pods carry the policy's label: one list for all. Without injection the user's
@@ -316,6 +320,18 @@ class Pass:
             for pod in await rt.client.list(PODS, policy.namespace, label_selector=selector.query() or None):
                 if selector.selects(pod):
                     pods[pod["metadata"]["name"]] = pod
+        return pods
+
+    async def push(
+        self,
+        scan: targets.TargetScan,
+        stored: stores.StoredCalibration,
+        token: str,
+        pods: Mapping[str, Mapping[str, Any]],
+    ) -> Decision:
+        """Report who serves the thresholds in force (``pods``: the targets'); push to the rest in the background."""
+        assert stored.thresholds is not None
+        rt, policy, sidecar = self.rt, self.policy, self.spec.operator.sidecar
         # Without injection the user runs the gate: its pods are not told apart.
         ungated = targets.ungated([t.deployment for t in scan.targets], list(pods.values())) if sidecar.inject else []
         found = endpoints(list(pods.values()), sidecar.admin_port, injected=sidecar.inject)

@@ -188,7 +188,11 @@ class AutoscalingSpec(Model):
     """Required when enabled; at least minReplicas."""
     target_utilization: Annotated[float, Field(ge=0.01, le=1)] = 0.7
     """The average demand per pod, in server-seconds per second (pods' worth), the autoscaler holds."""
-    scale_up_stabilization_seconds: Annotated[int, Field(ge=0, le=3600)] = 0
+    scale_up_stabilization_seconds: Annotated[int, Field(ge=0, le=3600)] | None = None
+    """The HPA's scale-up window; unset: derived, startup + the rate window + the polling
+    interval (``slogate_admission.scale_up``), startup the target's pods' measured median
+    creation to Ready, so that demand shorter than a pod's start-up buys no pod (the gates
+    shed it). 0 follows every rise at once (Kubernetes' own default)."""
     scale_down_stabilization_seconds: Annotated[int, Field(ge=0, le=3600)] = 300
     polling_interval_seconds: Annotated[int, Field(ge=1, le=3600)] = 15
     """KEDA's pollingInterval (the HPA engine polls at the controller manager's own period)."""

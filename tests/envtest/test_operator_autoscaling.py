@@ -22,7 +22,7 @@ from manifests import admission_policy, condition, llama_deployment
 from polling import eventually
 from slogate_calibration.output import compact_json
 from slogate_operator.demand_query import demand_query
-from workload_controllers import complete_job, gate_of, hpa_reports, job_names, keda_makes_hpa
+from workload_controllers import complete_job, gate_of, hpa_reports, job_names, keda_makes_hpa, ready_pod
 
 pytestmark = pytest.mark.kopf_thread  # runs the real operator in a thread
 
@@ -114,6 +114,37 @@ def test_a_scaled_object_valid_for_keda_follows_the_first_thresholds_and_reports
     assert status_of(cluster, "Ready") == "True"
     assert_replicas_never_written(cluster, "smollm2")
     assert cluster.forbidden == []
+
+
+def scale_up_window(scaled_object: dict[str, Any]) -> int:
+    return int(scaled_object["spec"]["advanced"]["horizontalPodAutoscalerConfig"]["behavior"]["scaleUp"]
+               ["stabilizationWindowSeconds"])  # fmt: skip
+
+
+def test_the_scale_up_window_is_derived_from_the_start_up_the_api_server_recorded(
+    cluster: Cluster, operator: KopfRunner
+) -> None:
+    """Unset in the spec: the pods' median creation to Ready + the 60 s rate window + the 15 s
+    poll; before any pod is Ready, the start-up counts as 0."""
+    cluster.install_keda(required_keda_schema())
+    apply_and_calibrate(cluster, autoscaling=AUTOSCALING)
+    (made,) = eventually(lambda: cluster.list(SCALED_OBJECTS), what="a ScaledObject")
+    assert scale_up_window(made) == 60 + 15
+    assert "podStartupSeconds" not in autoscaling_status(cluster)
+    for index, startup in enumerate((40, 42, 300)):  # one pod on a slow node does not set the median
+        ready_pod(cluster, "smollm2", startup, index)
+    eventually(lambda: scale_up_window(cluster.get(SCALED_OBJECTS, "smollm2-smollm2")) == 42 + 60 + 15,
+               what="the window of the measured start-up")  # fmt: skip
+    found = eventually(lambda: (a := autoscaling_status(cluster)).get("podStartupSeconds") and a)
+    assert (found["podStartupSeconds"], found["scaleUpStabilizationSeconds"]) == (42.0, 117)
+    assert_status_fits_the_crd(policy(cluster))
+    updates = len(cluster.calls("PUT", "scaledobjects")) + len(cluster.calls("PATCH", "scaledobjects"))
+    ready_pod(cluster, "smollm2", 45, 3)  # the median moves by 2.5 s, within 20 %: nothing is rewritten
+    settle("smollm2", more=3)
+    assert len(cluster.calls("PUT", "scaledobjects")) + len(cluster.calls("PATCH", "scaledobjects")) == updates
+    assert autoscaling_status(cluster)["podStartupSeconds"] == 42.0
+    cluster.patch(POLICIES, "smollm2", {"spec": {"autoscaling": {"scaleUpStabilizationSeconds": 0}}})
+    eventually(lambda: scale_up_window(cluster.get(SCALED_OBJECTS, "smollm2-smollm2")) == 0, what="the spec's 0")
 
 
 def test_a_spec_change_updates_the_scaled_object_once_and_disabling_deletes_it(

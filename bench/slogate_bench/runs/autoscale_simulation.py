@@ -6,9 +6,10 @@ behind its own slogate gate (the core's GateMachine), behind a least-requests ba
 inference gateway, or nginx ``least_conn``). Clients send the demo's `chat` mix. An HPA
 (``slogate_sim.hpa``: Kubernetes' algorithm and default behaviour) reads one signal
 (``fleet``) every 15 s; a new pod is routable 30 s after its creation. slogate's
-signal (the operator's query) runs twice: with HPA's default scale-up stabilization window
-(0 s) and with a 60 s one (the HPA then scales up to the least recommendation of the last
-60 s, so a 30 s spike is ignored).
+signal (the operator's query) runs twice: with the scale-up stabilization window the operator
+derives by default (``slogate_admission.scale_up``: the pods' start-up + the rate window + one
+sync, 105 s here; the HPA then scales up to the least recommendation of that window, so a
+burst shorter than a pod's start-up buys no pod), and with Kubernetes' default 0 s.
 
 Per scenario (``slogate_sim.load_shapes``) and signal, three kinds of client: none retry; each
 retries a 429 after its Retry-After up to twice and says its retry count (the OpenAI SDK);
@@ -34,6 +35,7 @@ import numpy as np
 from rich.console import Console
 
 from slogate_admission.demand import reference_capacity
+from slogate_admission.scale_up import lasting_demand_window_s
 from slogate_bench.published import environment
 from slogate_bench.runs.fleet_simulation import MEASURED, MeasuredFleet
 from slogate_calibration.output import write_atomic
@@ -81,21 +83,29 @@ ORACLE_TARGET = 0.7
 """The oracle's per-pod load, the same as slogate's target."""
 STARTUP_S = 30.0
 """A new pod's creation to readiness."""
-UP_WINDOW_S = 60.0
-"""The scale-up stabilization window slogate's signal also runs with (HPA's default is 0 s)."""
-Arm = tuple[Signal, float]
-"""A signal, and the HPA's scale-up stabilization window (s) it runs with."""
-_DEFAULT: tuple[Arm, ...] = (("cpu", 0.0), ("waiting", 0.0), ("slogate", 0.0), ("slogate", UP_WINDOW_S))
+DEMAND_WINDOW_S = 60.0
+"""The demand query's rate window (the operator's default ``metricWindowSeconds``)."""
+SYNC_S = 15.0
+"""The HPA's sync period (KEDA's default ``pollingInterval``)."""
+UP_WINDOW_S = float(lasting_demand_window_s(STARTUP_S, DEMAND_WINDOW_S, SYNC_S))
+"""The scale-up window the operator derives for these pods, its default; slogate's signal also
+runs with Kubernetes' default 0 s (*slogate, up 0 s*), the signals it is compared with only so."""
+Arm = tuple[Signal, float, str]
+"""A signal, the HPA's scale-up stabilization window (s) it runs with, and its label."""
+_SLOGATE: tuple[Arm, ...] = (("slogate", UP_WINDOW_S, "slogate"), ("slogate", 0.0, "slogate, up 0 s"))
+_DEFAULT: tuple[Arm, ...] = (("cpu", 0.0, "cpu"), ("waiting", 0.0, "waiting"), *_SLOGATE)
+_REFERENCE: Arm = ("slogate-reference", UP_WINDOW_S, "slogate-reference")
 CLIENTS: dict[str, tuple[RetryingClients | None, tuple[Arm, ...]]] = {
-    "none": (None, (*_DEFAULT, ("slogate-reference", 0.0))),
+    "none": (None, (*_DEFAULT, _REFERENCE)),
     "counted": (
         RetryingClients(2, say_count=True),
-        (*_DEFAULT, ("slogate-all-tries", 0.0), ("slogate-reference", 0.0)),
+        (*_DEFAULT, ("slogate-all-tries", UP_WINDOW_S, "slogate-all-tries"), _REFERENCE),
     ),
-    "keyed": (RetryingClients(2, say_count=False), (("slogate", 0.0), ("slogate", UP_WINDOW_S))),
+    "keyed": (RetryingClients(2, say_count=False), _SLOGATE),
 }
 """Client kinds and the arms run with each: clients that never retry; that retry and say
-their count; that retry with only an idempotency key (slogate's signal: its inflation)."""
+their count; that retry with only an idempotency key (slogate's signal: its inflation).
+slogate's variants run with the operator's derived window, so that they compare with it."""
 SERIES_POINTS = 600
 """At most about this many points per plotted series (the day's are thinned)."""
 GOALS = {"within_slo": 0.99, "steady_refused": 0.02, "pod_seconds_ratio": 1.15}
@@ -120,7 +130,7 @@ def config(
         base,
         arrival_rate_rps=base_rps,
         rate_curve=shape.curve(base_rps),
-        autoscaling=Autoscaling(signal, TARGETS[signal], hpa, startup_s=STARTUP_S),
+        autoscaling=Autoscaling(signal, TARGETS[signal], hpa, startup_s=STARTUP_S, demand_window_s=DEMAND_WINDOW_S),
         clients=clients,
     )
 
@@ -207,13 +217,14 @@ def run_all(fleet: MeasuredFleet, console: Console) -> dict[str, Any]:
         stride = max(1, len(grid) // SERIES_POINTS)
         runs = []
         for kind, (clients, arms) in CLIENTS.items():
-            for signal, up_window_s in arms:
+            for signal, up_window_s, arm in arms:
                 started = time.process_time()
                 result = simulate(config(fleet, shape, base, signal, clients, up_window_s=up_window_s))
                 row = {
                     "clients": kind,
                     "signal": signal,
                     "up_window_s": up_window_s,
+                    "arm": arm,
                     **summary(result, shape, base, mu),
                 }
                 row["cpu_s"] = time.process_time() - started
@@ -265,6 +276,7 @@ def main() -> None:
         "startup_s": STARTUP_S,
         "targets": TARGETS,
         "up_window_s": UP_WINDOW_S,
+        "demand_window_s": DEMAND_WINDOW_S,
         "oracle_target": ORACLE_TARGET,
         "goals": GOALS,
         "pod_capacity_rps": list(fleet.pod_capacity_rps),

@@ -14,6 +14,7 @@ import pytest
 from chat_fleet import CHAT, SERVER, SLO_S, thresholds
 from project_files import ROOT
 from slogate_admission.demand import offered_work_s
+from slogate_admission.scale_up import lasting_demand_window_s
 from slogate_bench.reports import autoscaling as autoscale_report
 from slogate_sim.arrivals import RateCurve, arrivals
 from slogate_sim.capacity import capacity_rps
@@ -258,6 +259,26 @@ def test_a_scale_up_window_scales_up_later_and_less_on_a_spike() -> None:
     assert first_up(runs[0.0]) < first_up(runs[60.0])
     assert max(t[4] for t in runs[60.0].ticks) < max(t[4] for t in runs[0.0].ticks)
     assert len(runs[60.0].pods) < len(runs[0.0].pods)
+
+
+def test_the_derived_window_buys_no_pod_for_a_spike_shorter_than_a_start_up_and_pods_for_a_step() -> None:
+    """The operator's default window (``scale_up``: start-up 30 s + the 60 s rate window + a
+    15 s sync): 4x for 30 s buys nothing; 4x that lasts buys pods, later than with no window."""
+    window = lasting_demand_window_s(30.0, 60.0, 15.0)
+    at = 0.5 * 2 * MU  # 1x: half of two pods' capacity
+    spike = RateCurve((0.0, 300.0, 300.0, 330.0, 330.0), tuple(at * x for x in (1.0, 1.0, 4.0, 4.0, 1.0)))
+    step = RateCurve((0.0, 300.0, 300.0), tuple(at * x for x in (1.0, 1.0, 4.0)))
+    spiked = {w: run(load=0.5, replicas=2, duration_s=700.0, curve=spike, up_window_s=w)[1] for w in (0.0, window)}
+    assert len(spiked[0.0].pods) > 2  # without the window the spike buys pods: the check can fail
+    assert len(spiked[window].pods) == 2
+    stepped = {w: run(load=0.5, replicas=2, duration_s=700.0, curve=step, up_window_s=w)[1] for w in (0.0, window)}
+    assert len(stepped[window].pods) > 2
+
+    def first_up(record: FleetRecord) -> float:
+        return next(t[0] for t in record.ticks if t[1] > 2)
+
+    assert 300.0 + window <= first_up(stepped[window])
+    assert first_up(stepped[0.0]) < first_up(stepped[window])
 
 
 # --------------------------------------------------------------------------- the report's arithmetic

@@ -23,6 +23,7 @@ from slogate_operator.autoscaling import (
     horizontal_pod_autoscaler,
     hpa_name,
     quantity,
+    scale_up_window_s,
     scaled_object,
 )
 from slogate_operator.builders import PolicyRef
@@ -40,9 +41,36 @@ def parse_quantity(text: str) -> float:
     return float(text[:-1]) * scale if scale else float(text)
 
 
-def request(deployment: str = "smollm2", **spec: Any) -> AutoscalerRequest:
+def request(deployment: str = "smollm2", startup_s: float | None = None, **spec: Any) -> AutoscalerRequest:
     parsed = AutoscalingSpec.model_validate({"enabled": True, "maxReplicas": 6} | spec)
-    return AutoscalerRequest(POLICY, deployment, parsed, URL)
+    return AutoscalerRequest(POLICY, deployment, parsed, URL, startup_s)
+
+
+def up_window(built: dict[str, Any]) -> int:
+    spec = built["spec"]
+    behavior = spec["behavior"] if "behavior" in spec else spec["advanced"]["horizontalPodAutoscalerConfig"]["behavior"]
+    return int(behavior["scaleUp"]["stabilizationWindowSeconds"])
+
+
+@pytest.mark.parametrize("engine", ["keda", "hpa"])
+def test_unset_the_scale_up_window_is_the_pods_start_up_plus_the_rate_window_plus_a_poll(engine: str) -> None:
+    """A burst shorter than a pod's start-up reads above the baseline for its length plus the
+    rate window; the window outlasts that by one recommendation, so the burst buys no pod."""
+    assert up_window(autoscaler(request(engine=engine, startup_s=30.0))) == 30 + 60 + 15
+    assert up_window(autoscaler(request(engine=engine, startup_s=30.2))) == 106  # whole seconds, up
+    assert up_window(autoscaler(request(engine=engine))) == 60 + 15  # not measured yet
+    # The adapter's rule has a fixed 60 s window and the controller manager polls every 15 s:
+    # the KEDA fields move only KEDA's window.
+    tuned = autoscaler(request(engine=engine, startup_s=30.0, metricWindowSeconds=120, pollingIntervalSeconds=30))
+    assert up_window(tuned) == (30 + 120 + 30 if engine == "keda" else 30 + 60 + 15)
+    assert up_window(autoscaler(request(engine=engine, startup_s=3590.0))) == 3600  # the HPA's bound
+
+
+@pytest.mark.parametrize("window", [0, 45, 3600])
+def test_a_scale_up_window_set_in_the_spec_is_the_one_in_force(window: int) -> None:
+    built = autoscaler(request(startup_s=30.0, scaleUpStabilizationSeconds=window))
+    assert up_window(built) == window
+    assert scale_up_window_s(AutoscalingSpec(scale_up_stabilization_seconds=window), 30.0) == window
 
 
 def test_the_scaled_object_is_valid_against_kedas_own_crd() -> None:
@@ -79,7 +107,11 @@ def test_the_scaled_object_asks_the_demand_query_at_the_target_per_pod() -> None
     # AverageValue: the HPA wants ceil(value / threshold) pods; two pods' worth at 0.7 is three.
     assert math.ceil(2.0 / float(meta["threshold"])) == 3
     behavior = spec["advanced"]["horizontalPodAutoscalerConfig"]["behavior"]
-    assert behavior == {"scaleUp": {"stabilizationWindowSeconds": 0}, "scaleDown": {"stabilizationWindowSeconds": 300}}
+    # Unset and no start-up measured yet: the rate window and the polling interval, 120 + 15.
+    assert behavior == {
+        "scaleUp": {"stabilizationWindowSeconds": 135},
+        "scaleDown": {"stabilizationWindowSeconds": 300},
+    }
 
 
 def test_the_hpa_is_valid_for_kubernetes_and_targets_the_adapters_metric() -> None:
@@ -163,7 +195,7 @@ def test_autoscaling_is_off_by_default_with_the_documented_defaults() -> None:
     assert (off.enabled, off.engine, off.min_replicas, off.max_replicas, off.target_utilization) == (
         False, "keda", 1, None, 0.7,
     )  # fmt: skip
-    assert (off.scale_up_stabilization_seconds, off.scale_down_stabilization_seconds) == (0, 300)
+    assert (off.scale_up_stabilization_seconds, off.scale_down_stabilization_seconds) == (None, 300)
     assert (off.polling_interval_seconds, off.metric_window_seconds, off.prometheus.server_address) == (15, 60, None)
 
 
