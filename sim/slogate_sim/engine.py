@@ -119,6 +119,10 @@ class _Simulation:
         if trace is not None and any(a.tenant is not None for a in trace):
             self.trace_tenants = tuple(a.tenant for a in trace)
             self.tally.tenants = {}
+        self.trace_classes: tuple[str | None, ...] | None = None
+        """The n-th arrival's class (the trace's, in order), if any arrival names one."""
+        if trace is not None and any(a.class_name is not None for a in trace):
+            self.trace_classes = tuple(a.class_name for a in trace)
 
     def _new_pod(self, i: int) -> SimulatedPod:
         """Pod ``i``: the i-th of the distinct pods, cycled, with a fresh front."""
@@ -184,10 +188,12 @@ class _Simulation:
         if self.trace_tenants is not None:  # the trace's arrivals come in its order
             tenant = self.trace_tenants[self.tally.offered]
             self.tally.tenant(tenant).offered += 1
+        class_name = self.trace_classes[self.tally.offered] if self.trace_classes is not None else None
         self.tally.offered += 1
         req = SimRequest(
-            at, prompt_tokens, output_tokens, service, key=self.tally.offered, first_arrival=at, tenant=tenant
-        )
+            at, prompt_tokens, output_tokens, service, key=self.tally.offered, first_arrival=at, tenant=tenant,
+            class_name=class_name,
+        )  # fmt: skip
         self._try(req, self.router.first())
 
     def _try(self, req: SimRequest, index: int) -> None:
@@ -202,7 +208,9 @@ class _Simulation:
         if self.fleet is not None:
             self.fleet.tried(pod, req, self.now)
         pod.conns += 1
-        answer = pod.front.arrive(req, req.prompt_tokens, req.output_tokens, self.now, tenant=req.tenant)
+        answer = pod.front.arrive(
+            req, req.prompt_tokens, req.output_tokens, self.now, tenant=req.tenant, class_name=req.class_name
+        )
         if isinstance(answer, Refuse):
             pod.conns -= 1
             self._changed(pod)
@@ -249,7 +257,8 @@ class _Simulation:
     def _retry(self, req: SimRequest) -> None:
         """A refused client tries again: a new try of the same request, through the router."""
         again = SimRequest(self.now, req.prompt_tokens, req.output_tokens, req.prefill_s, key=req.key,
-                           retries=req.retries + 1, first_arrival=req.first_arrival, tenant=req.tenant)  # fmt: skip
+                           retries=req.retries + 1, first_arrival=req.first_arrival, tenant=req.tenant,
+                           class_name=req.class_name)  # fmt: skip
         self._try(again, self.router.first())
 
     def _enter(self, req: SimRequest) -> None:

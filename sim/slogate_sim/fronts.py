@@ -73,9 +73,16 @@ class Front(Protocol):
     """The events a front hears; each returns what became of the requests it concerns."""
 
     def arrive(
-        self, key: Key, prompt_tokens: int, output_tokens: int, now: float, *, tenant: str | None = None
+        self,
+        key: Key,
+        prompt_tokens: int,
+        output_tokens: int,
+        now: float,
+        *,
+        tenant: str | None = None,
+        class_name: str | None = None,
     ) -> Answer:
-        """A request arrives (from ``tenant``, None: it names none)."""
+        """A request arrives (from ``tenant``, in ``class_name``; None: it names none)."""
         ...
 
     def first_token(self, key: Key, now: float) -> list[Forward | Refuse]:
@@ -132,7 +139,14 @@ class DirectFront(_Holdless):
         self.inside = 0
 
     def arrive(
-        self, key: Key, prompt_tokens: int, output_tokens: int, now: float, *, tenant: str | None = None
+        self,
+        key: Key,
+        prompt_tokens: int,
+        output_tokens: int,
+        now: float,
+        *,
+        tenant: str | None = None,
+        class_name: str | None = None,
     ) -> Answer:
         """Everything goes in."""
         self.inside += 1
@@ -157,7 +171,14 @@ class CountCapFront:
     held: deque[tuple[Key, int]] = field(default_factory=deque)
 
     def arrive(
-        self, key: Key, prompt_tokens: int, output_tokens: int, now: float, *, tenant: str | None = None
+        self,
+        key: Key,
+        prompt_tokens: int,
+        output_tokens: int,
+        now: float,
+        *,
+        tenant: str | None = None,
+        class_name: str | None = None,
     ) -> Answer:
         """Forward while under the cap, hold while the queue has room, else refuse (tenants
         are not told apart)."""
@@ -228,12 +249,12 @@ class SlogateFront:
         prompt_tokens: int,
         output_tokens: int,
         now: float,
-        class_name: str | None = None,
         *,
         tenant: str | None = None,
+        class_name: str | None = None,
     ) -> Answer:
         """Admit, defer (held until its deadline at the latest) or reject; the default class
-        unless ``class_name`` says otherwise (the simulator's arrivals have none). ``tenant``
+        unless ``class_name`` says otherwise (a trace's ``Traced.class_name``). ``tenant``
         counts only when the thresholds carry a tenant policy (the machine's ``tenants``)."""
         verdict = self.machine.arrive(Request(prompt_tokens, output_tokens, class_name, tenant=tenant), now)
         if verdict.ticket is not None:
@@ -310,7 +331,14 @@ class PlannedFront(_Holdless):
         return 0.0
 
     def arrive(
-        self, key: Key, prompt_tokens: int, output_tokens: int, now: float, *, tenant: str | None = None
+        self,
+        key: Key,
+        prompt_tokens: int,
+        output_tokens: int,
+        now: float,
+        *,
+        tenant: str | None = None,
+        class_name: str | None = None,
     ) -> Answer:
         """Forward the planned arrivals in full, refuse the others."""
         n, self.arrived = self.arrived, self.arrived + 1

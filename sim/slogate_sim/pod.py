@@ -59,6 +59,8 @@ class SimRequest:
     """When its client first sent it (``arrival`` is this try's)."""
     tenant: str | None = None
     """Who sent it (a trace's ``Traced.tenant``): told to the front, counted per tenant."""
+    class_name: str | None = None
+    """Its class (a trace's ``Traced.class_name``), told to the front; None: the default class."""
     tried: list[int] = field(default_factory=list)
     """The pods tried (kept only when the routing retries)."""
     forwarded: bool = False

@@ -59,6 +59,9 @@ class Traced:
     tenant: str | None = None
     """Who sent it (``workloads.Arrival.tenant``): the gate's tenant, and the result's per-tenant
     counts; None: no tenant named."""
+    class_name: str | None = None
+    """The class it names (the X-Slogate-Class header); None: the default class. ``trace_of``
+    leaves it unset: a trace runs against thresholds that may not have the schedule's classes."""
 
 
 TraceTuple = tuple[float, int, int] | tuple[float, int, int, str | None]
@@ -69,7 +72,8 @@ def trace_of(arrivals: Iterable[ArrivalLike | TraceTuple]) -> tuple[Traced, ...]
     """A trace from a measured run's schedule (``workloads.schedule``, ``tenant_traffic``) or
     (time, n_in, n_out[, tenant]) tuples, in time order (stable: equal times keep their order).
     Tenants are kept (an arrival without a ``tenant`` attribute names none); classes are
-    dropped: the simulated fronts see every request as the default class."""
+    dropped (the thresholds a trace runs against may not have the schedule's classes): set
+    ``Traced.class_name`` to send one."""
     out = [
         Traced(*a) if isinstance(a, tuple) else Traced(a.at_s, a.prompt_tokens, a.max_tokens, _tenant_of(a))
         for a in arrivals

@@ -59,13 +59,13 @@ def _by_seed(runs: Sequence[Row], variant: str) -> dict[int, Row]:
 
 
 def noisy_numbers(noisy: Row) -> dict[str, dict[str, list[float | None]]]:
-    """Per variant (``alone``, ``without``, ``with``), per measure, one value per seed; B's
+    """Per variant (``alone``, ``without``, ``with``, the bound arms), per measure, one value per seed; B's
     goodput and attainment also as a ratio to B alone on the same seed (the same B arrivals)."""
     duration = noisy["duration_s"]
     alone = _by_seed(noisy["runs"], "alone")
     without = _by_seed(noisy["runs"], "without")
     out: dict[str, dict[str, list[float | None]]] = {}
-    for variant in ("alone", "without", "with"):
+    for variant in dict.fromkeys(r["variant"] for r in noisy["runs"]):
         cells: dict[str, list[float | None]] = {}
         for seed, run in sorted(_by_seed(noisy["runs"], variant).items()):
             b, b_alone = run["tenants"]["B"], alone[seed]["tenants"]["B"]
@@ -110,15 +110,19 @@ def noisy_lines(raw: Row) -> list[str]:
     numbers = noisy_numbers(noisy)
     rates = noisy["rates_x_mu"]
     lines = [
-        f"**The noisy neighbour's twin.** Tenant A at {rates['A']:g}x μ and B at {rates['B']:g}x μ, one class, "
+        f"**The noisy neighbour's twin.** Tenant A at {rates['A']:g}x μ and B at {rates['B']:g}x μ, one class "
+        "(the bounds: B's class above A's, the policy's `classes` with `reservedSlots`), "
         f"{noisy['duration_s']:g} s of arrivals per run; B is sent the same requests in each row of a seed.",
         "",
         "| run | B sent | B goodput | B goodput ÷ alone | B within SLO of admitted | B refused for its share "
         "| A goodput | total goodput | total ÷ without |",
         "|" + " --- |" * 9,
     ]
-    labels = {"alone": "B alone", "without": "A + B, no tenant policy", "with": "A + B, `spec.tenants`"}
+    labels = {"alone": "B alone", "without": "A + B, no tenant policy", "with": "A + B, `spec.tenants`",
+              **BOUND_LABELS}  # fmt: skip
     for variant, label in labels.items():
+        if variant not in numbers:
+            continue
         n = numbers[variant]
         cells = [
             label,
@@ -146,9 +150,45 @@ def noisy_lines(raw: Row) -> list[str]:
         f"- without the policy B keeps {_pct([collapse])} of its goodput alone (it collapses below "
         f"{GOALS['collapse']:.0%}: {'yes' if collapse is not None and collapse < GOALS['collapse'] else 'no'})",
         *_reason_lines(noisy),
+        *_bound_lines(numbers),
         "",
     ]
     return lines
+
+
+BOUND_LABELS = {
+    "b_first": "A + B, B's class first (no slot kept)",
+    "b_kept_1": "A + B, B's class first, 1 slot kept for it",
+    "b_kept_2": "A + B, B's class first, 2 slots kept for it",
+}
+"""The bound arms (``tenant_simulation.KEPT_FOR_B``): B in a class above A's, with 0, 1 or 2 of
+the cap's slots that only B's class may use (``reservedSlots``)."""
+
+
+def _bound_lines(numbers: Mapping[str, Mapping[str, list[float | None]]]) -> list[str]:
+    """What B gets when the gate favours it outright, and what that costs the pod."""
+    arms = [v for v in BOUND_LABELS if v in numbers]
+    if not arms:
+        return []
+    said = "; ".join(
+        f"{BOUND_LABELS[v].removeprefix('A + B, ')}: B {_pct([_mean(numbers[v]['b_goodput_vs_alone'])])} of alone, "
+        f"total {_pct([_mean(numbers[v]['total_vs_without'])])} of without"
+        for v in arms
+    )
+    both = [
+        v
+        for v in ("with", *arms)
+        if _at_least(_mean(numbers[v]["b_goodput_vs_alone"]), GOALS["b_goodput"])
+        and _at_least(_mean(numbers[v]["total_vs_without"]), GOALS["total_goodput"])
+    ]
+    verdict = (
+        f"Meeting both goals: {', '.join(BOUND_LABELS.get(v, v) for v in both)}."
+        if both
+        else "No run met both goals: going first among the waiters keeps every slot busy but cannot give B a slot "
+        "before one of A's streams ends, and A's flood holds them all; B's share rises only with slots kept idle "
+        "for it, and the pod's total falls with each."
+    )
+    return [f"- The bounds, B favoured outright ({said}). {verdict}"]
 
 
 def _reason_lines(noisy: Row) -> list[str]:

@@ -23,6 +23,7 @@ requests whoever else sends and whichever gate judges them. Two parts, each on `
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import time
@@ -35,7 +36,7 @@ from typing import Any
 from rich.console import Console
 
 from slogate_admission.derivation import derive_thresholds
-from slogate_admission.schema import CalibrationProfile, Policy, Thresholds
+from slogate_admission.schema import CalibrationProfile, ClassPolicy, Policy, Thresholds
 from slogate_admission.tenant_schema import TenantsPolicy
 from slogate_bench.published import environment
 from slogate_bench.reports.tenant_simulation import FIGURE, figure, tenant_simulation_section
@@ -64,6 +65,17 @@ SATISFIED = 0.9
 """A tenant is served its fair share when its goodput reaches this part of it."""
 VARIANTS = ("without", "with")
 """The gate's thresholds as the policy derives them, then with ``spec.tenants`` (defaults)."""
+KEPT_FOR_B = (0, 1, 2)
+"""The bound arms of the noisy neighbour (issue 28.2): B in a class of its own above A's, with
+this many of the cap's slots only B may use. 0 keeps no slot idle (B only goes first among
+the waiters: work-conserving); 1 and 2 keep slots for B (idle while B sends nothing)."""
+BY_TENANT = {"A": "a", "B": "b"}
+"""The bound arms' classes, by tenant."""
+
+
+def kept_for_b(slots: int) -> str:
+    """The bound arm's variant name."""
+    return "b_first" if slots == 0 else f"b_kept_{slots}"
 
 
 # --------------------------------------------------------------------------- fairness
@@ -136,12 +148,26 @@ class TenantPod:
             "without": derive_thresholds(policy, profile, derived_at=at),
             "with": derive_thresholds(policy.model_copy(update={"tenants": TenantsPolicy()}), profile, derived_at=at),
         }
+        for slots in KEPT_FOR_B:
+            classes = [ClassPolicy(name="b", reserved_slots=slots), ClassPolicy(name="a")]
+            derived[kept_for_b(slots)] = derive_thresholds(policy.model_copy(update={"classes": classes}), profile,
+                                                           derived_at=at)  # fmt: skip
         return cls(fleet, derived, fleet.pod_capacity_rps[0])
 
-    def run(self, rates_rps: Mapping[str, float], variant: str, duration_s: float, seed: int) -> SimulationResult:
-        """Every tenant's arrivals at its rate, through the gate of ``variant``."""
+    def run(
+        self,
+        rates_rps: Mapping[str, float],
+        variant: str,
+        duration_s: float,
+        seed: int,
+        classes: Mapping[str, str] | None = None,
+    ) -> SimulationResult:
+        """Every tenant's arrivals at its rate, through the gate of ``variant``; ``classes``:
+        each tenant's class (None: the default class)."""
         arrivals = tenant_schedule(rates_rps, duration_s, self.fleet.workload, seed=seed)
         trace = trace_of(arrivals)
+        if classes is not None:
+            trace = tuple(dataclasses.replace(a, class_name=classes[str(a.tenant)]) for a in trace)
         config = SimulationConfig(
             server=self.fleet.servers[0],
             workload=self.fleet.workload,
@@ -165,9 +191,13 @@ def noisy_neighbour(pod: TenantPod, console: Console) -> dict[str, Any]:
     rates = {t: x * pod.mu_rps for t, x in NOISY_RATES.items()}
     runs = []
     for seed in SEEDS:
-        for name, sending, variant in (("alone", {"B": rates["B"]}, "without"), ("without", rates, "without"),
-                                       ("with", rates, "with")):  # fmt: skip
-            result = pod.run(sending, variant, NOISY_DURATION_S, seed)
+        arms: list[tuple[str, Mapping[str, float], Mapping[str, str] | None]] = [
+            ("alone", {"B": rates["B"]}, None), ("without", rates, None), ("with", rates, None),
+            *((kept_for_b(slots), rates, BY_TENANT) for slots in KEPT_FOR_B),
+        ]  # fmt: skip
+        for name, sending, classes in arms:
+            variant = "without" if name == "alone" else name
+            result = pod.run(sending, variant, NOISY_DURATION_S, seed, classes)
             tenants = {t: asdict(_counts(result, t)) for t in sending}
             runs.append({"variant": name, "seed": seed, "goodput_rps": result.goodput_rps, "tenants": tenants})
             b = tenants["B"]

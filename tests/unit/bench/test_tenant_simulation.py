@@ -162,6 +162,39 @@ def test_the_gate_is_told_each_tenant_and_what_each_request_generated(monkeypatc
     assert released.count(0) == result.admitted - result.completed > 0
 
 
+def test_the_gate_is_told_each_requests_class_and_a_slot_kept_for_a_class_is_kept(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A trace's classes reach the gate; with 2 of the 4 slots kept for class b, the flood in
+    class a never holds more than 2 streams, and b's requests get the rest."""
+    arrived: list[str | None] = []
+    most = {"a": 0}
+    original = gate_machine.GateMachine.arrive
+
+    def arrive(self: gate_machine.GateMachine, request: Any, now: float) -> Any:
+        arrived.append(request.class_name)
+        verdict = original(self, request, now)
+        in_a = sum(t.class_name == "a" for t in self.ledger._tickets)
+        most["a"] = max(most["a"], in_a)
+        return verdict
+
+    monkeypatch.setattr(gate_machine.GateMachine, "arrive", arrive)
+    duration = 120.0
+    classes = {"A": "a", "B": "b"}
+    trace = tuple(dataclasses.replace(t, class_name=classes[str(t.tenant)]) for t in noisy_trace(CHAT, duration))
+    policy = Policy.model_validate(
+        {"slo": {"ttftSeconds": SLO_S}, "classes": [{"name": "b", "reservedSlots": 2}, {"name": "a"}]}
+    )
+    kept = derive_thresholds(policy, smollm2_profile(), derived_at=NOW)
+    assert [c.concurrency_cap for c in kept.classes] == [4, 2]
+    result = run(trace, Gated(kept), duration, CHAT)
+    assert arrived == [t.class_name for t in trace]
+    assert result.tenants is not None
+    assert result.tenants["A"].rejected > 0
+    assert most["a"] == 2  # A's class holds at most its cap of streams, and reaches it
+    assert result.tenants["B"].completed_within_slo > 0
+
+
 def test_a_slogate_front_corrects_the_tenants_charge_to_the_tokens_generated() -> None:
     front = SlogateFront(thresholds({"outputWeight": 2}))
     answer = front.arrive("r", 100, 50, 0.0, tenant="a")
@@ -313,7 +346,8 @@ def test_the_bench_writes_a_json_that_renders(tmp_path: Path, monkeypatch: pytes
     tenant_simulation.main()
     raw = json.loads(out.read_text())
     assert figure.stat().st_size > 0
-    assert [r["variant"] for r in raw["noisy"]["runs"]] == ["alone", "without", "with"]
+    assert [r["variant"] for r in raw["noisy"]["runs"]] == ["alone", "without", "with", "b_first", "b_kept_1",
+                                                             "b_kept_2"]  # fmt: skip
     assert len(raw["zipf"]["runs"]) == len(tenant_simulation.ZIPF_LOADS) * 2
     for r in raw["zipf"]["runs"]:
         assert sum(r["per_tenant"]["offered"]) == r["offered"]

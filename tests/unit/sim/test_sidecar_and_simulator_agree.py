@@ -165,7 +165,9 @@ def simulated_fates(trace: list[Event]) -> list[Fate]:
     for event in trace:
         advance(event.at)
         if isinstance(event, Arrive):
-            answer = front.arrive(event.name, event.prompt_tokens, event.output_tokens, event.at, event.class_name)
+            answer = front.arrive(
+                event.name, event.prompt_tokens, event.output_tokens, event.at, class_name=event.class_name
+            )
             assert answer.decision is not None
             firsts[event.name] = answer.decision
             if isinstance(answer, Hold):
