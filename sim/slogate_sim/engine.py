@@ -47,7 +47,7 @@ import heapq
 import itertools
 import math
 
-from slogate_admission.decision import Decision, Reason
+from slogate_admission.decision import Decision, Reason, Request
 from slogate_sim.arrivals import NO_SERVICE, arrivals
 from slogate_sim.fleet import (
     LATE,
@@ -113,16 +113,10 @@ class _Simulation:
         self.retrying = config.routing.tries > 1
         self.tally = Tally()
         """What the run measures (``tally``)."""
-        trace = config.trace
-        self.trace_tenants: tuple[str | None, ...] | None = None
-        """The n-th arrival's tenant (the trace's, in order), if any arrival names one."""
-        if trace is not None and any(a.tenant is not None for a in trace):
-            self.trace_tenants = tuple(a.tenant for a in trace)
+        self.trace = config.trace
+        """The explicit trace, whose n-th entry is the n-th arrival (its tenant and class); None: Poisson."""
+        if self.trace is not None and any(a.tenant is not None for a in self.trace):
             self.tally.tenants = {}
-        self.trace_classes: tuple[str | None, ...] | None = None
-        """The n-th arrival's class (the trace's, in order), if any arrival names one."""
-        if trace is not None and any(a.class_name is not None for a in trace):
-            self.trace_classes = tuple(a.class_name for a in trace)
 
     def _new_pod(self, i: int) -> SimulatedPod:
         """Pod ``i``: the i-th of the distinct pods, cycled, with a fresh front."""
@@ -184,11 +178,10 @@ class _Simulation:
     # ------------------------------------------------------------------ arrivals, routing and fronts
 
     def _arrive(self, at: float, prompt_tokens: int, output_tokens: int, service: float) -> None:
-        tenant = None
-        if self.trace_tenants is not None:  # the trace's arrivals come in its order
-            tenant = self.trace_tenants[self.tally.offered]
+        traced = self.trace[self.tally.offered] if self.trace is not None else None  # arrivals come in its order
+        tenant, class_name = (traced.tenant, traced.class_name) if traced is not None else (None, None)
+        if self.tally.tenants is not None:
             self.tally.tenant(tenant).offered += 1
-        class_name = self.trace_classes[self.tally.offered] if self.trace_classes is not None else None
         self.tally.offered += 1
         req = SimRequest(
             at, prompt_tokens, output_tokens, service, key=self.tally.offered, first_arrival=at, tenant=tenant,
@@ -208,9 +201,8 @@ class _Simulation:
         if self.fleet is not None:
             self.fleet.tried(pod, req, self.now)
         pod.conns += 1
-        answer = pod.front.arrive(
-            req, req.prompt_tokens, req.output_tokens, self.now, tenant=req.tenant, class_name=req.class_name
-        )
+        request = Request(req.prompt_tokens, req.output_tokens, req.class_name, tenant=req.tenant)
+        answer = pod.front.arrive(req, request, self.now)
         if isinstance(answer, Refuse):
             pod.conns -= 1
             self._changed(pod)

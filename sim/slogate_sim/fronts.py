@@ -72,17 +72,9 @@ Answer = Forward | Refuse | Hold
 class Front(Protocol):
     """The events a front hears; each returns what became of the requests it concerns."""
 
-    def arrive(
-        self,
-        key: Key,
-        prompt_tokens: int,
-        output_tokens: int,
-        now: float,
-        *,
-        tenant: str | None = None,
-        class_name: str | None = None,
-    ) -> Answer:
-        """A request arrives (from ``tenant``, in ``class_name``; None: it names none)."""
+    def arrive(self, key: Key, request: Request, now: float) -> Answer:
+        """A request arrives: the core's ``Request`` (its prompt, booked output, class and
+        tenant), as the sidecar builds it from the HTTP request."""
         ...
 
     def first_token(self, key: Key, now: float) -> list[Forward | Refuse]:
@@ -138,19 +130,10 @@ class DirectFront(_Holdless):
     def __init__(self) -> None:
         self.inside = 0
 
-    def arrive(
-        self,
-        key: Key,
-        prompt_tokens: int,
-        output_tokens: int,
-        now: float,
-        *,
-        tenant: str | None = None,
-        class_name: str | None = None,
-    ) -> Answer:
+    def arrive(self, key: Key, request: Request, now: float) -> Answer:
         """Everything goes in."""
         self.inside += 1
-        return Forward(key, output_tokens)
+        return Forward(key, request.output_tokens)
 
     def ended(self, key: Key, now: float, output_tokens: int | None = None) -> list[Forward | Refuse]:
         """One fewer inside."""
@@ -170,23 +153,14 @@ class CountCapFront:
     in_flight: set[Key] = field(default_factory=set)
     held: deque[tuple[Key, int]] = field(default_factory=deque)
 
-    def arrive(
-        self,
-        key: Key,
-        prompt_tokens: int,
-        output_tokens: int,
-        now: float,
-        *,
-        tenant: str | None = None,
-        class_name: str | None = None,
-    ) -> Answer:
+    def arrive(self, key: Key, request: Request, now: float) -> Answer:
         """Forward while under the cap, hold while the queue has room, else refuse (tenants
         are not told apart)."""
         if len(self.in_flight) < self.cap.concurrency:
             self.in_flight.add(key)
-            return Forward(key, output_tokens)
+            return Forward(key, request.output_tokens)
         if len(self.held) < self.cap.queue:
-            self.held.append((key, output_tokens))
+            self.held.append((key, request.output_tokens))
             return Hold(key)
         return Refuse(key)
 
@@ -243,20 +217,11 @@ class SlogateFront:
         self._seconds_per_token = 1.0 / config.prefill_tokens_per_s
         return self._answers(resolutions)
 
-    def arrive(
-        self,
-        key: Key,
-        prompt_tokens: int,
-        output_tokens: int,
-        now: float,
-        *,
-        tenant: str | None = None,
-        class_name: str | None = None,
-    ) -> Answer:
+    def arrive(self, key: Key, request: Request, now: float) -> Answer:
         """Admit, defer (held until its deadline at the latest) or reject; the default class
-        unless ``class_name`` says otherwise (a trace's ``Traced.class_name``). ``tenant``
-        counts only when the thresholds carry a tenant policy (the machine's ``tenants``)."""
-        verdict = self.machine.arrive(Request(prompt_tokens, output_tokens, class_name, tenant=tenant), now)
+        unless the request names one (a trace's ``Traced.class_name``). Its tenant counts only
+        when the thresholds carry a tenant policy (the machine's ``tenants``)."""
+        verdict = self.machine.arrive(request, now)
         if verdict.ticket is not None:
             return self._forward(key, verdict.ticket, verdict.decision)
         if verdict.waiter is not None:
@@ -330,19 +295,10 @@ class PlannedFront(_Holdless):
         """A plan for one server's trace: never routed among others."""
         return 0.0
 
-    def arrive(
-        self,
-        key: Key,
-        prompt_tokens: int,
-        output_tokens: int,
-        now: float,
-        *,
-        tenant: str | None = None,
-        class_name: str | None = None,
-    ) -> Answer:
+    def arrive(self, key: Key, request: Request, now: float) -> Answer:
         """Forward the planned arrivals in full, refuse the others."""
         n, self.arrived = self.arrived, self.arrived + 1
-        return Forward(key, output_tokens) if n in self.admit else Refuse(key)
+        return Forward(key, request.output_tokens) if n in self.admit else Refuse(key)
 
 
 @dataclass(frozen=True, slots=True)

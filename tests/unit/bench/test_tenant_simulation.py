@@ -13,6 +13,7 @@ import pytest
 
 from canned_profiles import NOW, smollm2_profile
 from slogate_admission import gate_machine
+from slogate_admission.decision import Request
 from slogate_admission.derivation import derive_thresholds
 from slogate_admission.ledger import Ticket
 from slogate_admission.schema import Policy, Thresholds
@@ -197,7 +198,7 @@ def test_the_gate_is_told_each_requests_class_and_a_slot_kept_for_a_class_is_kep
 
 def test_a_slogate_front_corrects_the_tenants_charge_to_the_tokens_generated() -> None:
     front = SlogateFront(thresholds({"outputWeight": 2}))
-    answer = front.arrive("r", 100, 50, 0.0, tenant="a")
+    answer = front.arrive("r", Request(100, 50, tenant="a"), 0.0)
     assert isinstance(answer, Forward)
     booked = answer.output_tokens
     tenants = front.machine.tenants

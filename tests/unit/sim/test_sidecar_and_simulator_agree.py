@@ -26,7 +26,7 @@ from aiohttp import web
 from canned_profiles import NOW, smollm2_profile
 from fake_upstream import METRICS, llama_app, serve
 from sidecar_harness import sidecar_in_front_of
-from slogate_admission.decision import Decision
+from slogate_admission.decision import Decision, Request
 from slogate_admission.derivation import derive_thresholds
 from slogate_admission.schema import Policy, Thresholds
 from slogate_sidecar.lease import Lease, Usage
@@ -165,9 +165,8 @@ def simulated_fates(trace: list[Event]) -> list[Fate]:
     for event in trace:
         advance(event.at)
         if isinstance(event, Arrive):
-            answer = front.arrive(
-                event.name, event.prompt_tokens, event.output_tokens, event.at, class_name=event.class_name
-            )
+            answer = front.arrive(event.name, Request(event.prompt_tokens, event.output_tokens, event.class_name),
+                                  event.at)  # fmt: skip
             assert answer.decision is not None
             firsts[event.name] = answer.decision
             if isinstance(answer, Hold):
