@@ -141,9 +141,7 @@ class Pass:
         yield self.notes(scan, gated=stored.thresholds is not None, found=calibration.notes)
         serving = stored.thresholds is not None and bool(scan.targets)
         pods = await self.pods(scan) if serving else {}
-        # The calibration Job's pod carries the policy's label too; its start-up is not a serving pod's.
-        serving_pods = [p for p in pods.values() if not builders.is_calibration_pod(p)]
-        yield await self.autoscale(scan, gated=bool(stored.thresholds), pods=serving_pods)
+        yield await self.autoscale(scan, gated=bool(stored.thresholds), pods=list(pods.values()))
         yield in_force(policy, stored)
         if serving:
             yield await self.push(scan, stored, token, pods)
@@ -318,7 +316,8 @@ class Pass:
         )
         for selector in wanted:
             for pod in await rt.client.list(PODS, policy.namespace, label_selector=selector.query() or None):
-                if selector.selects(pod):
+                # A calibration Job's pod carries the policy's label too; it serves nothing.
+                if selector.selects(pod) and not builders.is_calibration_pod(pod):
                     pods[pod["metadata"]["name"]] = pod
         return pods
 

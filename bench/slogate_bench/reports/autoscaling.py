@@ -39,12 +39,9 @@ COLORS = {
 
 
 def label(row: Mapping[str, Any]) -> str:
-    """A run's arm: its signal, and its scale-up stabilization window when not the one the
-    operator would give it (rows of before the derived window: when not HPA's default 0 s)."""
-    if "arm" in row:
-        return str(row["arm"])
-    window = row.get("up_window_s", 0.0)
-    return row["signal"] if not window else f"{row['signal']}, up {window:g} s"
+    """A run's arm (``autoscale_simulation.CLIENTS``): its signal, and its scale-up window when
+    not the one the operator would give it."""
+    return str(row["arm"])
 
 
 def _pct(value: float | None, digits: int = 1) -> str:
