@@ -15,9 +15,8 @@ HPA records one recommendation per sync interval P. So with
 
 a burst no longer than a pod's start-up never holds a higher recommendation over the whole
 window, and buys no pod; demand that lasts is followed W later than with no window. The
-simulated fleet measured both sides on the same arrivals (docs/autoscaling.md): a 30 s
-spike at 3x bought no pod (0.94x the oracle's pod-seconds, from 1.43x) while the step to 3x
-shed for those W seconds more.
+simulated fleet measures both sides on the same arrivals (`make bench-autoscale`,
+docs/autoscaling.md, "Spikes: the scale-up window").
 """
 
 from __future__ import annotations
