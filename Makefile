@@ -13,7 +13,7 @@ LLAMA_CMAKE_ARGS := -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON
   -DGGML_F16C=ON -DGGML_BMI2=ON -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF
 
 export PATH := /usr/local/go/bin:$(PATH)
-.PHONY: help venv dev llama prometheus nginx kube kube-deps kube-images lint typecheck contracts unit integration test demo bench bench-full bench-promise bench-deferral bench-calibration bench-reject bench-fleet bench-fleet-sim bench-autoscale bench-tenants bench-tenants-sim e2e soak operator-cost clean
+.PHONY: help venv dev llama prometheus nginx kube kube-deps kube-images lint typecheck contracts unit integration test demo bench bench-full bench-promise bench-deferral bench-calibration bench-reject bench-fleet bench-fleet-sim bench-autoscale bench-tenants bench-tenants-sim bench-cost-sim e2e soak operator-cost clean
 
 help:
 	@echo "make demo   - install what it needs and run the demo"
@@ -187,6 +187,13 @@ bench-tenants: dev llama $(VENV)/.slogate-bench
 bench-tenants-sim: dev $(VENV)/.slogate-bench
 	$(PY) -m slogate_bench.runs.tenant_simulation
 	$(PY) -m slogate_bench.reports benchmarks
+
+# About 5 minutes, no llama-server: the cost order against arrival order (issue 28.1) on the pod
+# `make bench-full` calibrated, both mixes at 1x, 2x and 4x, eight arrival schedules each, with the
+# clairvoyant's goodput on each trace; writes docs/bench/cost-simulated.json and the measured block
+# of docs/admission-math.md.
+bench-cost-sim: dev $(VENV)/.slogate-bench
+	$(PY) -m slogate_bench.runs.cost_simulation
 
 # The real cluster of the end-to-end suite (docs/testing.md): its binaries built from the Go
 # module proxy into a cache keyed by version (e2e/kube/versions.env; each skipped when built),

@@ -40,6 +40,9 @@ class Reason(StrEnum):
     QUEUE_FULL = "queue_full"
     """A wait would not end in time: the slot it would get (after those deferred ahead of
     it) or the queue's drain to its depth is expected after its SLO's slack."""
+    COST = "cost"
+    """The cost order held it back (deferred, never refused for it): it would take one of the
+    last slots while cheaper requests arrive that fill the pod (``cost_book``)."""
     TENANT_SHARE = "tenant_share"
     """Its tenant would hold more than its weighted fair share of the class's queued prompt
     tokens while other tenants are active there (``tenant_shares``)."""
@@ -75,6 +78,15 @@ class GateConfig:
     ttft_margin_floor: float = 1.0
     """The least TTFT margin any class admits against: the calibration's own timing noise at
     the SLO's quantile (``ttft_error.Margin`` never drops below it). ``never_fits`` uses it."""
+    batch_output_tokens_per_s: float = math.inf
+    """Output tokens/s of all streams at the batch cap B = min(the top class's cap, the decode
+    cap): what prices a request's output in server-seconds (``request_cost_s``)."""
+
+    def request_cost_s(self, prompt_tokens: int, output_tokens: int) -> float:
+        """Server-seconds one request costs a pod: T_prefill(n_in) + n_out / (B · r_decode(B))
+        (``service.server_seconds_per_request`` at the batch cap, compiled; ``demand.offered_work_s``
+        checks its inputs and calls this)."""
+        return self.prefill.seconds(prompt_tokens) + output_tokens / self.batch_output_tokens_per_s
 
     @classmethod
     def from_thresholds(cls, t: Thresholds) -> GateConfig:
@@ -82,11 +94,14 @@ class GateConfig:
         classes = {
             c.name: ClassLimits(c.name, c.ttft_slo_seconds, c.ttft_budget_seconds, c.concurrency_cap) for c in t.classes
         }
+        decode = DecodeCurve(t.decode_tokens_per_second)
+        decode_cap = t.decode_streams_cap if t.tpot_slo_seconds is not None else sys.maxsize
+        batch = min(max(c.concurrency_cap for c in t.classes), decode_cap)
         return cls(
             prefill=t.prefill_curve,
-            decode=DecodeCurve(t.decode_tokens_per_second),
+            decode=decode,
             prefill_tokens_per_s=t.prefill_tokens_per_second,
-            decode_streams_cap=t.decode_streams_cap if t.tpot_slo_seconds is not None else sys.maxsize,
+            decode_streams_cap=decode_cap,
             kv_capacity_tokens=t.kv_capacity_tokens,
             per_request_max_tokens=t.per_request_max_tokens,
             max_wait_s=t.max_wait_seconds if t.max_wait_seconds is not None else math.inf,
@@ -94,6 +109,7 @@ class GateConfig:
             classes=MappingProxyType(classes),
             default_class=t.default_class,
             ttft_margin_floor=max(1.0, t.ttft_margin_prior),
+            batch_output_tokens_per_s=decode.aggregate_tokens_per_s(batch),
         )
 
     def limits_for(self, class_name: str | None) -> ClassLimits:
@@ -179,6 +195,12 @@ class Decision(NamedTuple):
     """For DEFER: how long the request may wait for capacity."""
     defer_deadline: float | None = None
     """For DEFER: ``now + max_wait_s`` on the caller's clock."""
+    cost_quartile: int | None = None
+    """Its cost's quartile among recent arrivals, 1 (cheapest) to 4 (``cost_book``), set by the
+    gate for an arrival it could serve; None before the book is warm."""
+    costly: bool = False
+    """The cost order held it back: not among the cheapest requests that fill the pod, so it
+    waits behind the cheap ones rather than take the last slots at once."""
 
     @property
     def fits_ever(self) -> bool:
@@ -186,7 +208,9 @@ class Decision(NamedTuple):
         return not self.never_fits
 
 
-def decide(config: GateConfig, request: Request, state: LiveState, now: float) -> Decision:
+def decide(
+    config: GateConfig, request: Request, state: LiveState, now: float, cost_quartile: int | None = None
+) -> Decision:
     """One O(1) decision. ``now`` is the caller's monotonic clock (only deadlines use it).
 
     TTFT: queued ≤ max_queued(n_in) = (min(budget, SLO − waited) / m − T_prefill(n_in)) · R
@@ -197,6 +221,8 @@ def decide(config: GateConfig, request: Request, state: LiveState, now: float) -
     KV:   reserved + n_in + n_out ≤ capacity, and n_in + n_out ≤ one slot's context.
     Concurrency: streams + 1 ≤ class cap (the cap minus slots reserved above).
     Decode: streams + 1 ≤ the largest B whose t_decode(B) meets the per-token SLO.
+    ``cost_quartile``: the request's, as the gate's cost book ranks it, carried into the
+    decision unless it never fits (such a request is not ranked).
     A request that fails a check but whose own SLO still has slack is deferred for
     min(max wait, slack), unless what it waits for is not expected within that time
     (Reason.QUEUE_FULL): the slot it would get (``state.slot_wait_s``: the soonest end
@@ -289,6 +315,7 @@ def decide(config: GateConfig, request: Request, state: LiveState, now: float) -
         retry_after_s=retry,
         max_wait_s=max_wait,
         defer_deadline=deadline,
+        cost_quartile=None if never else cost_quartile,
     )
 
 

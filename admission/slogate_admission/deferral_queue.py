@@ -1,5 +1,6 @@
-"""The deferred requests, in priority order: the highest class first; within a class the
-tenant served least (``tenant_shares``), then arrival order.
+"""The deferred requests, in priority order: the highest class first, its cheap waiters before
+its costly ones (under the cost order); within those the tenant served least
+(``tenant_shares``), then arrival order.
 
 A deferred request waits for capacity (a stream ending, a first token draining the
 queue, new thresholds) instead of being rejected at once. It is judged again on those
@@ -30,7 +31,9 @@ class Waiter:
     """One deferred request."""
 
     rank: int
-    """Its class's position, 0 = highest priority."""
+    """Its place among the ranks, 0 = served first: twice its class's position (0 = highest),
+    plus one when the cost order holds it back (``Decision.costly``), so a class's cheap
+    waiters go before its costly ones and every class before the classes below."""
     request: Request
     arrived_at: float
     deadline: float

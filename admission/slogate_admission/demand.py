@@ -50,7 +50,6 @@ from dataclasses import dataclass
 from slogate_admission._checks import require_non_negative, require_positive
 from slogate_admission.decision import GateConfig, Request
 from slogate_admission.schema import Thresholds
-from slogate_admission.service import server_seconds_per_request
 
 __all__ = [
     "RETRY_GRACE_S",
@@ -98,8 +97,7 @@ def offered_work_s(config: GateConfig, prompt_tokens: int, output_tokens: int) -
     """
     require_non_negative("prompt_tokens", prompt_tokens)
     require_non_negative("output_tokens", output_tokens)
-    streams = min(max(c.concurrency_cap for c in config.classes.values()), config.decode_streams_cap)
-    return server_seconds_per_request(config.prefill, config.decode, prompt_tokens, output_tokens, streams)
+    return config.request_cost_s(prompt_tokens, output_tokens)
 
 
 @dataclass(frozen=True, slots=True)

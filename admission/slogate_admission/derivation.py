@@ -171,7 +171,17 @@ def derive_thresholds(
         ttft_quantile=policy.slo.quantile,
         ttft_margin_prior=ttft_margin_prior(profile, n_ref, policy.slo.quantile),
         tenants=tenant_thresholds(policy.tenants, rate / decode.aggregate_tokens_per_s(cap)),
+        shedding_order=policy.shedding.order,
+        cost_reserve_slots=cost_reserve_slots(cap) if policy.shedding.order == "cost" else 0,
     )
+
+
+def cost_reserve_slots(cap: int) -> int:
+    """The slots a costly arrival may not take at once under the cost order: max(1, round(√cap) − 1),
+    at most cap − 1. In a loss system whose requests differ in value per second of holding a
+    server, the optimal admission reserves servers for the valuable ones (trunk reservation),
+    and the reservation grows as √N (docs/admission-math.md): 1 of 4 slots, 3 of 16, 7 of 64."""
+    return min(cap - 1, max(1, round(math.sqrt(cap)) - 1))
 
 
 def tenant_thresholds(tenants: TenantsPolicy | None, measured_output_weight: float) -> TenantThresholds | None:

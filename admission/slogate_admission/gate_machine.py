@@ -17,6 +17,7 @@ import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from slogate_admission.cost_book import CostBook, bucket_of
 from slogate_admission.decision import Decision, GateConfig, LiveState, Outcome, Reason, Request, decide
 from slogate_admission.deferral_queue import DeferralQueue, Waiter, arrival_order
 from slogate_admission.ledger import Ledger, Ticket
@@ -65,9 +66,13 @@ class GateMachine:
         self.queue = DeferralQueue()
         self.tenants: TenantShares | None = None
         """The books by tenant, when the thresholds carry a tenant policy (``tenant_shares``)."""
+        self.costs = CostBook()
+        """What recent arrivals cost (``cost_book``): the cost order's judge, and every
+        arrival's cost quartile for the metrics, whichever the order."""
         self.thresholds: Thresholds | None = None
         self._config: GateConfig | None = None
         self._ranks: dict[str, int] = {}
+        self._by_cost = False
 
     @property
     def ready(self) -> bool:
@@ -113,6 +118,7 @@ class GateMachine:
             )
         self._config = GateConfig.from_thresholds(thresholds)
         self._ranks = {c.name: rank for rank, c in enumerate(thresholds.classes)}
+        self._by_cost = thresholds.shedding_order == "cost"
         if thresholds.tenants is None:
             self.tenants = None
         elif self.tenants is None:
@@ -126,18 +132,51 @@ class GateMachine:
     def arrive(self, request: Request, now: float) -> Verdict:
         """Judge an arrival: admit (book a ticket), defer (queue a waiter) or reject."""
         account = self._arrival(request, now)
-        decision = self.decide(request, now, account=account)
+        # Its cost, bucketed once: the cost order reads it, the metrics count by its quartile.
+        cost = self.config.request_cost_s(request.prompt_tokens, request.output_tokens)
+        bucket = bucket_of(cost)
+        costs = self.costs.summary(now)
+        costly = self._by_cost and costs.costly_at(bucket)
+        quartile = costs.quartile_of(bucket) + 1 if costs.warm else None
+        decision = self.decide(request, now, account=account, costly=costly, cost_quartile=quartile)
+        if decision.fits_ever:
+            if costly:
+                decision = self._hold_back(decision, request, now)
+            self.costs.observe(cost, decision.outcome is not Outcome.REJECT, now, bucket)
         if decision.outcome is Outcome.ADMIT:
             return Verdict(decision, ticket=self._admit(decision, request, now, account))
         if decision.outcome is Outcome.REJECT:
             self._refused(account, request, decision)
             return Verdict(decision)
-        rank = self._ranks.get(decision.class_name, len(self._ranks))
+        rank = self._rank(decision.class_name, decision.costly)
         waiter = Waiter(rank, request, now, now + decision.max_wait_s, decision, account)
         self.queue.push(waiter)
         if self.tenants is not None and account is not None:
             self.tenants.hold(account, decision.class_name, request.prompt_tokens)
         return Verdict(decision, waiter=waiter)
+
+    def _hold_back(self, decision: Decision, request: Request, now: float) -> Decision:
+        """The cost order on a costly arrival (``cost_book``): admitted into one of the last
+        ``cost_reserve_slots`` slots, it is deferred instead, for as long as a deferral of it
+        may wait; waiting, it sits behind the cheap waiters of its class. A cheap arrival may
+        take the slot meanwhile; at its deadline it takes one that is still free."""
+        if decision.outcome is Outcome.DEFER:
+            return decision._replace(costly=True)
+        if decision.outcome is not Outcome.ADMIT:
+            return decision
+        assert self.thresholds is not None
+        assert self.errors is not None
+        if self.ledger.streams + 1 <= decision.concurrency_cap - self.thresholds.cost_reserve_slots:
+            return decision
+        # The slack a deferral of it would have (decide's bound): the SLO left after its own prefill.
+        limits = self.config.limits_for(decision.class_name)
+        margin = self.errors.margin(decision.class_name)
+        slack = min(self.config.max_wait_s, limits.ttft_slo_s - request.waited_s - margin * decision.own_prefill_s)
+        if slack <= 0:
+            return decision
+        return decision._replace(
+            outcome=Outcome.DEFER, reasons=(Reason.COST,), max_wait_s=slack, defer_deadline=now + slack, costly=True
+        )
 
     def precheck(self, request: Request, now: float, counted_as: int) -> Decision:
         """An arrival judged before its prompt is counted, on ``request`` without its prompt
@@ -218,20 +257,24 @@ class GateMachine:
         account: Account | None = None,
         *,
         waiting: bool = False,
+        costly: bool = False,
+        cost_quartile: int | None = None,
     ) -> Decision:
         """The core's decision on the live state at ``now``, booking nothing.
 
         ``deferred_ahead``: the waiters it would queue behind; None: an arrival's (those of its
         class and above, as fair turns go). ``account``: its tenant's, when tenants are told
         apart: the share rule then applies (``tenant_shares``). ``waiting``: it is a deferred
-        request judged again (its tokens are already in its tenant's holdings).
+        request judged again (its tokens are already in its tenant's holdings). ``costly``: an
+        arrival the cost order holds back, which would queue behind its class's cheap waiters too.
+        ``cost_quartile``: its quartile in the cost book, carried into the decision for the metrics.
         """
         config, errors = self.config, self.errors
         assert errors is not None  # loaded with the thresholds, as the config is
         limits = config.limits_for(request.class_name)
         class_name = limits.name
         if deferred_ahead is None:
-            deferred_ahead = self.queue.count_at_or_above(self._ranks.get(class_name, len(self._ranks)), account)
+            deferred_ahead = self.queue.count_at_or_above(self._rank(class_name, costly), account)
         live = self.prefill_rate(now)
         rate = (live if live is not None else config.prefill_tokens_per_s) / errors.bias.factor(self.ledger.streams)
         margin = errors.margin(class_name)
@@ -239,7 +282,7 @@ class GateMachine:
         free = min(limits.concurrency_cap, config.decode_streams_cap) - self.ledger.streams
         slot_wait = self.ledger.release_in_s(now, deferred_ahead + 1 - free)
         state = self.ledger.snapshot(now, rate, deferred_ahead, margin, slot_wait)
-        decision = decide(config, request, state, now)
+        decision = decide(config, request, state, now, cost_quartile)
         if account is None or self.tenants is None or not decision.fits_ever:
             return decision
         return self._share(decision, request, account, rate / margin, waiting=waiting, now=now)
@@ -279,10 +322,17 @@ class GateMachine:
             outcome=Outcome.REJECT, reasons=reasons, retry_after_s=retry, max_wait_s=0.0, defer_deadline=None
         )
 
+    def _rank(self, class_name: str, costly: bool) -> int:
+        """A waiter's rank in the queue: by class, and within a class the cheap before the costly."""
+        return 2 * self._ranks.get(class_name, len(self._ranks)) + costly
+
     def _judge(self, waiter: Waiter, now: float) -> Decision:
         """A waiter's decision now: its wait so far counts against its TTFT."""
         request = dataclasses.replace(waiter.request, waited_s=now - waiter.arrived_at)
-        return self.decide(request, now, self.queue.count_ahead_of(waiter), waiter.account, waiting=True)
+        return self.decide(
+            request, now, self.queue.count_ahead_of(waiter), waiter.account, waiting=True,
+            cost_quartile=waiter.first.cost_quartile,
+        )  # fmt: skip
 
     def _wake(self, now: float) -> list[Resolution]:
         """Judge waiters in priority order; stop at the first that must still wait for the

@@ -79,6 +79,22 @@ class DegradationPolicy(Model):
     """When KV is short, lower max_tokens to what fits (a response header says so)."""
 
 
+ShedOrder = Literal["arrival", "cost"]
+"""Whom the gate refuses first when it must refuse (``Policy.shedding.order``)."""
+
+
+class SheddingPolicy(Model):
+    """Whom to refuse first under overload (docs/admission-math.md, "Cost order")."""
+
+    order: ShedOrder = "arrival"
+    """``arrival``: whatever fits now gets in, in arrival order. ``cost``: when more work
+    arrives than the pod can do, a request that is not among the cheapest (server-seconds,
+    ``cost_book``) may not take the last slots at once: it waits, behind the cheap ones, for
+    at most its deferral, then takes a slot that is still free. Each cost quartile keeps at
+    least half the share arrival order gives it. Default ``arrival`` until the published
+    benchmark on the real server measures ``cost`` (the simulator already does)."""
+
+
 class Policy(Model):
     """Everything the user says about admission; derivation combines it with a profile."""
 
@@ -92,6 +108,7 @@ class Policy(Model):
     """The class of requests that name none (or an unknown one). Unset: the lowest class."""
     deferral: DeferralPolicy = DeferralPolicy()
     degradation: DegradationPolicy = DegradationPolicy()
+    shedding: SheddingPolicy = SheddingPolicy()
     tenants: TenantsPolicy | None = None
     """Fair shares between tenants within a class. Unset: tenants are not told apart."""
 
@@ -345,6 +362,11 @@ class Thresholds(Model):
     timing noise at ``ttft_quantile`` (derivation.ttft_margin_prior)."""
     tenants: TenantThresholds | None = None
     """Fair shares between tenants (``tenant_shares``); None: tenants are not told apart."""
+    shedding_order: ShedOrder = "arrival"
+    """The policy's ``shedding.order``."""
+    cost_reserve_slots: Annotated[int, Field(ge=0)] = 0
+    """Under ``cost``: the last slots a costly arrival may not take at once,
+    max(1, round(√cap) − 1) and below the cap (derivation.cost_reserve_slots)."""
 
     @property
     def prefill_curve(self) -> PrefillCurve:

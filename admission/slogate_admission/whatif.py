@@ -16,6 +16,11 @@ With tenants (``tenant_shares``): give what the request's tenant holds of the cl
 prompt tokens and the weights of the tenants active there; the token budget is the SLO
 times the rate. Over its share the verdict says ``tenant_share``, and the Retry-After is
 the later of the TTFT's and the tenant's own excess drained at its fair part of the rate.
+
+With the cost order: give the aggregate decode rate at the cap, and c* and the slots held back
+as a sidecar's /state shows them (``costs``); the answer prices the request (``cost_s``), says
+whether it is ``costly`` and, admitted into one of the last slots, ``held_back``: deferred behind
+cheaper requests for its deferral's bound, then given a slot still free (never refused for it).
 """
 
 from __future__ import annotations
@@ -67,6 +72,13 @@ class WhatIfInputs:
     prediction (the spec's worked example); a gate's least is the thresholds' ``ttftMarginPrior``."""
     active_tenant_weight: float | None = None
     """Σ w of the tenants active in the class, this one's included."""
+    decode_tps: float | None = None
+    """Aggregate decode tokens/s at the concurrency cap (B · r_decode(B)): prices the output."""
+    cost_boundary: float | None = None
+    """c*, server-seconds, as a sidecar's /state shows it (``costs.boundarySeconds``): under the
+    cost order a request costing more is costly."""
+    reserve_slots: int | None = None
+    """h, the slots the cost order holds back (``costs.reserveSlots``)."""
 
 
 def _finite(value: float) -> float | None:
@@ -247,12 +259,42 @@ def _retry_section(i: WhatIfInputs, r: _Report) -> None:
         r.values["effective_arrival_rate"] = effective_arrival_rate(i.arrival_rate, p)
 
 
+def _cost_section(i: WhatIfInputs, r: _Report) -> None:
+    """The cost order (``cost_book``): cost = n_in / rate + n_out / decode rate at the cap; costly
+    beyond c*; a costly request the gate would admit into one of the last h slots is held back
+    (deferred behind cheaper ones for its deferral's bound, then given a slot still free)."""
+    n, out, rate, decode = i.prompt_tokens, i.max_tokens, i.prefill_tps, i.decode_tps
+    if i.cost_boundary is None and decode is None:
+        return  # no cost in this question
+    if r.lacks(prompt_tokens=n, max_tokens=out, prefill_tps=rate, decode_tps=decode):
+        return
+    assert n is not None
+    assert out is not None
+    assert rate is not None
+    assert decode is not None
+    cost = n / rate + out / decode
+    r.values["cost_s"] = cost
+    if r.lacks(cost_boundary=i.cost_boundary) or i.cost_boundary is None:
+        return
+    costly = cost >= i.cost_boundary
+    r.values["costly"] = costly
+    if not costly or r.values.get("admit") is not True:
+        return
+    if r.lacks(in_flight=i.in_flight, concurrency_cap=i.concurrency_cap, reserve_slots=i.reserve_slots):
+        return
+    assert i.in_flight is not None
+    assert i.concurrency_cap is not None
+    assert i.reserve_slots is not None
+    r.values["held_back"] = i.in_flight + 1 > i.concurrency_cap - i.reserve_slots
+
+
 SECTIONS = (
     _ttft_section,
     _kv_section,
     _concurrency_section,
     _tenant_section,
     _verdict_section,
+    _cost_section,
     _queueing_section,
     _retry_section,
 )

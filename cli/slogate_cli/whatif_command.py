@@ -8,7 +8,9 @@ at the margin, beyond the SLO, or
 prompt + output beyond ``--slot-tokens`` or ``--kv-capacity-bytes``) gets what the
 sidecar answers it, a 400: admit false, reason never_fits, retry_after_s null. With
 tenants, add what its tenant holds and the active tenants' weights: ``--tenant-held-tokens
-900 --active-tenant-weight 2`` asks whether it fits in its half of the token budget.
+900 --active-tenant-weight 2`` asks whether it fits in its half of the token budget. The cost
+order: ``--decode-tps 180 --cost-boundary 0.9 --reserve-slots 1 --in-flight 3
+--concurrency-cap 4`` prices it (``cost_s``) and says whether it is ``costly`` and ``held_back``.
 """
 
 from __future__ import annotations
@@ -61,6 +63,12 @@ FLAGS: dict[str, tuple[Callable[[str], float], str]] = {
         positive_float,
         "sum of the weights of the tenants active in the class, its own included",
     ),
+    "--decode-tps": (positive_float, "decode tokens/s of all streams at the concurrency cap: prices the output"),
+    "--cost-boundary": (
+        non_negative_float,
+        "c*, server-seconds, as the sidecar's /state shows it (costs.boundarySeconds): dearer is costly",
+    ),
+    "--reserve-slots": (non_negative_int, "slots the cost order holds back (/state costs.reserveSlots)"),
 }
 
 

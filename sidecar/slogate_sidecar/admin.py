@@ -148,6 +148,23 @@ def state(sidecar: Sidecar) -> dict[str, Any]:
         "tenants": tenants_state(
             sidecar.gate.machine.tenants, [c.name for c in t.classes] if t else [], sidecar.gate.clock()
         ),
+        "costs": _costs(sidecar),
+    }
+
+
+def _costs(sidecar: Sidecar) -> dict[str, Any]:
+    """The cost book's reading (``cost_book``): what the cost order judges by, and the quartiles
+    the metrics count by."""
+    t = sidecar.gate.thresholds
+    costs = sidecar.gate.machine.costs.summary(sidecar.gate.clock())
+    return {
+        "order": t.shedding_order if t else None,
+        "reserveSlots": t.cost_reserve_slots if t else None,
+        "warm": costs.warm,
+        "pressure": costs.pressure,
+        "boundarySeconds": costs.boundary_s,
+        "quartileBoundsSeconds": list(costs.quartile_bounds_s),
+        "owedQuartiles": [k + 1 for k, owed in enumerate(costs.owed) if owed],
     }
 
 

@@ -81,7 +81,7 @@ class MetricsLearner:
 
     def deferral_ended(self, first: Decision, final: Decision, result: DeferralResult) -> None:
         """A deferred request's end; a refusal's Retry-After is observed as for any rejection."""
-        self.metrics.record_deferral(result, first.class_name)
+        self.metrics.record_deferral(result, first.class_name, first.cost_quartile)
         if result == "timed_out" and final.retry_after_s is not None:
             self.metrics.retry_after.observe(final.retry_after_s)
 

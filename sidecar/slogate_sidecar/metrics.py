@@ -71,6 +71,11 @@ _RETRY_AFTER_BUCKETS = (0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 120)
 _DECISION_BUCKETS = (1e-6, 2.5e-6, 5e-6, 1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 1e-2)
 
 
+def _ended(admitted: bool) -> str:
+    """The ``result`` label of ``slogate_cost_quartile_requests_total``."""
+    return "admitted" if admitted else "refused"
+
+
 def metric_outcome(decision: Decision) -> str:
     """The ``outcome`` label: the core's outcome, or ``degrade`` for a clamped admission."""
     if decision.outcome is Outcome.ADMIT and decision.clamped:
@@ -102,6 +107,13 @@ class SidecarMetrics:
         )
         self.requests = counter("slogate_requests_total", "Arrivals, one per request.", ("outcome", "class"))
         self.deferral_outcomes = counter("slogate_deferral_outcomes_total", "How deferrals ended.", ("result", "class"))
+        self.cost_quartiles = counter(
+            "slogate_cost_quartile_requests_total",
+            "Requests by their cost's quartile among recent arrivals (1 cheapest, server-seconds) and how "
+            "they ended at the gate: admitted or refused (a deferral when it ends). Counted once the "
+            "gate's cost book is warm; never-fitting requests are not ranked.",
+            ("quartile", "result"),
+        )
         self.retry_after = histogram(
             "slogate_retry_after_seconds",
             "Retry-After sent with rejections.",
@@ -220,6 +232,9 @@ class SidecarMetrics:
                 self.deferral_outcomes.labels(result, c.name)
             for slo_result in ("met", "missed"):
                 self.slo_requests.labels(c.name, slo_result)
+        for quartile in ("1", "2", "3", "4"):
+            for ended in ("admitted", "refused"):
+                self.cost_quartiles.labels(quartile, ended)
         self.kv_capacity_tokens.set(thresholds.kv_capacity_tokens)
         self.prefill_rate.labels(source="calibrated").set(thresholds.prefill_tokens_per_second)
         curve = thresholds.decode_tokens_per_second
@@ -262,11 +277,15 @@ class SidecarMetrics:
             self.decisions.labels(outcome, reason, klass).inc()
         if decision.outcome is Outcome.REJECT and decision.retry_after_s is not None:
             self.retry_after.observe(decision.retry_after_s)
+        if decision.cost_quartile is not None and decision.outcome is not Outcome.DEFER:
+            self.cost_quartiles.labels(str(decision.cost_quartile), _ended(decision.outcome is Outcome.ADMIT)).inc()
         self.decision_duration.observe(seconds)
 
-    def record_deferral(self, result: DeferralResult, class_name: str) -> None:
-        """How one deferral ended."""
+    def record_deferral(self, result: DeferralResult, class_name: str, cost_quartile: int | None = None) -> None:
+        """How one deferral ended; ``cost_quartile``: the arrival's, to count its end by cost."""
         self.deferral_outcomes.labels(result, class_name).inc()
+        if cost_quartile is not None and result != "cancelled":
+            self.cost_quartiles.labels(str(cost_quartile), _ended(result == "admitted")).inc()
 
     def record_ttft(self, class_name: str, predicted_s: float, actual_s: float, slo_s: float) -> None:
         """An admitted request's first token: both histograms see the same requests."""

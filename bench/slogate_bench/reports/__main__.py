@@ -14,7 +14,7 @@ from __future__ import annotations
 import argparse
 from collections.abc import Callable, Sequence
 
-from slogate_bench.reports import autoscaling, benchmarks, fleet, fleet_simulation, tenant_simulation
+from slogate_bench.reports import autoscaling, benchmarks, cost_simulation, fleet, fleet_simulation, tenant_simulation
 from slogate_bench.runs import calibration_spread, reject_floor
 
 Render = Callable[[], object]
@@ -35,6 +35,10 @@ REPORTS: dict[str, tuple[str, Render]] = {
     "tenants-simulated": (
         "docs/bench/tenants-simulated.png (make bench-tenants-sim)",
         lambda: tenant_simulation.main([]),
+    ),
+    "cost-simulated": (
+        "the measured block of docs/admission-math.md's cost order (make bench-cost-sim)",
+        lambda: cost_simulation.main([]),
     ),
     "calibration": (
         "the repeatability block of docs/calibration.md (make bench-calibration)",

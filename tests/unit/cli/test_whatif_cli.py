@@ -189,3 +189,25 @@ def test_a_tenant_over_its_share_is_told_so_with_its_own_retry_after() -> None:
     )
     assert weighted["tenant_share_tokens"] == pytest.approx(1800)
     assert weighted["admit"] is True
+
+
+def test_the_cost_order_prices_a_request_and_says_whether_it_is_held_back() -> None:
+    """cost = 800 / 1200 + 400 / 200 = 2.667 s: beyond c* = 1 s, costly; admitted into the last of
+    4 slots with 1 held back, it is held back; with a slot to spare beyond the reserve it is not."""
+    common = ["--prefill-tps", "1200", "--ttft-slo", "2", "--prompt-tokens", "800", "--queued-tokens", "0"]
+    cost = ["--max-tokens", "400", "--decode-tps", "200", "--cost-boundary", "1", "--reserve-slots", "1"]
+    last = what_if(*common, *cost, "--in-flight", "3", "--concurrency-cap", "4")
+    assert last["admit"] is True
+    assert last["cost_s"] == pytest.approx(800 / 1200 + 400 / 200)
+    assert last["costly"] is True
+    assert last["held_back"] is True
+    spare = what_if(*common, *cost, "--in-flight", "2", "--concurrency-cap", "4")
+    assert spare["held_back"] is False
+    cheap = what_if(
+        *common, *cost[:4], "--cost-boundary", "5", "--reserve-slots", "1", "--in-flight", "3", "--concurrency-cap", "4"
+    )
+    assert cheap["costly"] is False
+    assert "held_back" not in cheap
+    priced = what_if(*common, "--max-tokens", "400", "--decode-tps", "200")
+    assert priced["cost_s"] == pytest.approx(2.667, abs=1e-3)
+    assert "cost_boundary" in priced["missing"]  # type: ignore[operator]

@@ -273,3 +273,24 @@ def test_two_sidecars_in_one_process_do_not_share_series() -> None:
     a.client_disconnects.inc()
     assert series(scrape(a), "slogate_client_disconnects_total") == {key(): 1.0}
     assert series(scrape(b), "slogate_client_disconnects_total") == {key(): 0.0}
+
+
+def test_requests_are_counted_by_cost_quartile_where_they_end(decisions: dict[str, Decision]) -> None:
+    """An arrival's end, by its cost quartile: admitted or refused at once, a deferral when it
+    ends (not when the client left); a decision without a quartile (a cold book) is not ranked."""
+    m = SidecarMetrics()
+    m.set_thresholds(two_class_thresholds())
+    m.record_decision(decisions["admit"]._replace(cost_quartile=1), 1e-6)
+    m.record_decision(decisions["reject"]._replace(cost_quartile=4), 1e-6)
+    m.record_decision(decisions["defer"]._replace(cost_quartile=3), 1e-6)  # counted when it ends
+    m.record_decision(decisions["reject"], 1e-6)  # cold book: no quartile
+    m.record_deferral("admitted", "batch", 3)
+    m.record_deferral("timed_out", "batch", 4)
+    m.record_deferral("cancelled", "batch", 2)
+    counted = series(scrape(m), "slogate_cost_quartile_requests_total")
+    assert len(counted) == 4 * 2  # every quartile x result from the start
+    assert {k: v for k, v in counted.items() if v} == {
+        key(quartile="1", result="admitted"): 1.0,
+        key(quartile="3", result="admitted"): 1.0,
+        key(quartile="4", result="refused"): 2.0,
+    }
