@@ -47,7 +47,7 @@ class WhatIfInputs:
     """Every input is optional; names follow the CLI flags."""
 
     prefill_tps: float | None = None
-    ttft_slo: float | None = None
+    slo_ttft: float | None = None
     prompt_tokens: int | None = None
     queued_tokens: float | None = None
     max_tokens: int | None = None
@@ -110,8 +110,8 @@ class _Report:
 
 def _ttft_section(i: WhatIfInputs, r: _Report) -> None:
     """Spec "A worked example": own prefill, queue wait, predicted TTFT, token budget."""
-    n, rate, queued, slo = i.prompt_tokens, i.prefill_tps, i.queued_tokens, i.ttft_slo
-    r.lacks(prefill_tps=rate, prompt_tokens=n, queued_tokens=queued, ttft_slo=slo)
+    n, rate, queued, slo = i.prompt_tokens, i.prefill_tps, i.queued_tokens, i.slo_ttft
+    r.lacks(prefill_tps=rate, prompt_tokens=n, queued_tokens=queued, slo_ttft=slo)
     if rate is None:
         return
     own = None if n is None else n / rate
@@ -194,13 +194,13 @@ def _tenant_section(i: WhatIfInputs, r: _Report) -> None:
         i.tenant_held_tokens,
         i.active_tenant_weight,
         i.prefill_tps,
-        i.ttft_slo,
+        i.slo_ttft,
         i.prompt_tokens,
     )
     if held is None and active is None:
         return  # no tenants in this question
     absent = r.lacks(
-        tenant_held_tokens=held, active_tenant_weight=active, prefill_tps=rate, ttft_slo=slo, prompt_tokens=n
+        tenant_held_tokens=held, active_tenant_weight=active, prefill_tps=rate, slo_ttft=slo, prompt_tokens=n
     )
     if absent or held is None or active is None or rate is None or slo is None or n is None:
         return

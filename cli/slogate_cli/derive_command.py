@@ -2,7 +2,8 @@
 
 The same derivation the operator runs. ``--classes`` takes ``name[:ttft[:reserved]]``
 items, highest priority first, e.g. ``interactive:1.0:1,batch:10``; ``--policy FILE``
-takes a whole policy (JSON, the AdmissionPolicy spec's fields) instead. A class's ttft
+takes the AdmissionPolicy you apply instead (``policy_file``: YAML or JSON, the whole object,
+its spec or the policy alone; operator-only fields ignored with a note). A class's ttft
 is its TTFT SLO; ``--slo-ttft`` is the TTFT SLO of every class without one (of the one
 class, default, without ``--classes``): required unless every class sets its own, and
 refused when every class does (it would apply to none). An SLO the
@@ -34,6 +35,7 @@ from slogate_cli.arguments import (
     positive_float,
     positive_int,
 )
+from slogate_cli.policy_file import read_policy
 
 
 def add_parser(subparsers: Subcommands) -> None:
@@ -72,7 +74,12 @@ def add_policy_flags(parser: argparse.ArgumentParser) -> None:
         type=tenant_weights,
         help="tenant:weight,... (implies --tenants); unlisted tenants weigh 1. E.g. acme:3,globex:1",
     )
-    parser.add_argument("--policy", type=existing_file, help="a policy JSON file (overrides the flags above)")
+    parser.add_argument(
+        "--policy",
+        type=existing_file,
+        help="the AdmissionPolicy you apply (YAML or JSON: the whole object, its spec, or the policy alone; "
+        "operator-only fields are ignored with a note), instead of the flags above",
+    )
 
 
 def parse_classes(text: str) -> list[dict[str, Any]]:
@@ -135,11 +142,29 @@ def classes(text: str) -> list[dict[str, Any]]:
     return parsed
 
 
+POLICY_FLAGS = {
+    "--slo-ttft": "slo_ttft",
+    "--slo-tpot": "slo_tpot",
+    "--classes": "classes",
+    "--concurrency-max": "concurrency_max",
+    "--tenants": "tenants",
+    "--tenant-weights": "tenant_weights",
+}
+"""The flags a policy file replaces, by their argparse destinations."""
+
+
 def build_policy(args: argparse.Namespace) -> Policy:
     """The policy from --policy, or from the flags; every failure is a one-line ValueError."""
+    if args.policy is not None:
+        flags = [flag for flag, dest in POLICY_FLAGS.items() if getattr(args, dest) not in (None, False)]
+        if flags:
+            raise ValueError(f"give --policy or {', '.join(flags)}, not both: the policy file says all of it")
+        read = read_policy(args.policy)
+        note = read.note()
+        if note is not None:
+            print(note, file=sys.stderr)
+        return read.policy
     try:
-        if args.policy is not None:
-            return Policy.model_validate_json(args.policy.read_text())
         check_slo_ttft(args.slo_ttft, args.classes or [])
         raw: dict[str, Any] = {"slo": {}}
         if args.slo_ttft is not None:
@@ -153,8 +178,6 @@ def build_policy(args: argparse.Namespace) -> Policy:
         if args.tenants or args.tenant_weights:
             raw["tenants"] = {"weights": args.tenant_weights or {}}
         return Policy.model_validate(raw)
-    except OSError as error:
-        raise ValueError(f"cannot read {error.filename}: {error.strerror}") from None
     except ValidationError as error:
         raise ValueError(one_line(error)) from None
 

@@ -18,7 +18,7 @@ pod, up to TRIES in all, 3 by default) or ``least-pressure`` (each request to th
 pressed pod's gate: a balancer that reads every gate; a reference, not a bound), several with
 commas; ``--load`` is then a multiple of the fleet's capacity, N·μ. Every gate and routing sees
 the very same arrivals for a given ``--seed``.
-The SLO flags and ``--policy FILE`` (a policy JSON) are those of `slogate derive`: a
+The SLO flags and ``--policy FILE`` (the AdmissionPolicy you apply) are those of `slogate derive`: a
 class's ttft in ``--classes`` is its TTFT SLO, ``--slo-ttft`` that of every class without
 one. Every simulated arrival is of the default class (the lowest,
 unless the policy names one); goodput counts those within its TTFT SLO. If any request
@@ -38,7 +38,7 @@ from pathlib import Path
 from rich.console import Console
 
 from slogate_admission.derivation import derive_thresholds
-from slogate_cli.arguments import Subcommands, non_negative_int, positive_float, positive_int
+from slogate_cli.arguments import CommandError, Subcommands, non_negative_int, positive_float, positive_int
 from slogate_cli.derive_command import add_policy_flags, build_policy, read_profile
 from slogate_cli.simulate_table import table
 from slogate_sim.lengths import Lengths, TokenLengths
@@ -89,7 +89,12 @@ def add_parser(subparsers: Subcommands) -> None:
         "with --service exponential)",
     )
     parser.add_argument("--count-cap-concurrency", type=positive_int, help="count-cap: streams (default: derived cap)")
-    parser.add_argument("--count-cap-queue", type=non_negative_int, default=8, help="count-cap: queue length")
+    parser.add_argument(
+        "--count-cap-queue",
+        type=non_negative_int,
+        help="count-cap: queue length (default: the benchmarks' fair one, floor(SLO x capacity), the deepest "
+        "whose last request still starts within the SLO)",
+    )
     parser.add_argument(
         "--service", choices=("profile", "exponential"), default="profile", help="service times: measured, or Exp(1/μ)"
     )
@@ -173,6 +178,12 @@ def output_lengths(text: str) -> Lengths:
 
 def run(args: argparse.Namespace) -> int:
     """Simulate and print a table (or JSON); mistakes raise, for main's one line."""
+    if args.tenants or args.tenant_weights:
+        # A flag that changes nothing is a trap: the simulated arrivals name no tenant.
+        raise CommandError(
+            "--tenants and --tenant-weights change nothing here: every simulated arrival comes from one "
+            "client (make bench-tenants-sim simulates tenants)"
+        )
     policy = build_policy(args)
     profile = read_profile(args.profile)
     report = preview(

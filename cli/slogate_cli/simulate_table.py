@@ -44,8 +44,10 @@ def table(report: dict[str, Any]) -> Table:
         t.add_column(column, justify="left" if column in ("gate", "routing") else "right")
     for r in report["runs"]:
         routing = (r["routing"], f"{r['tries'] / r['offered']:.2f}" if r["offered"] else "-") if fleet else ()
+        cap = report["count_cap"]
+        gate = f"count-cap ({cap['concurrency']} + queue {cap['queue']})" if r["gate"] == "count-cap" else r["gate"]
         t.add_row(
-            r["gate"],
+            gate,
             *routing,
             f"{r['load']:g}x",
             *(str(r[k]) for k in ("offered", "admitted", "rejected", "timed_out", "completed_within_slo")),

@@ -1,7 +1,7 @@
 """`slogate what-if`: would this request be admitted, and why. Prints one JSON object.
 
 Give what you know; ``missing`` in the output names the inputs that would unlock more.
-The spec's worked example: ``--prefill-tps 1200 --ttft-slo 2 --prompt-tokens 800
+The spec's worked example: ``--prefill-tps 1200 --slo-ttft 2 --prompt-tokens 800
 --queued-tokens 1100``. ``--ttft-margin`` asks as a gate does, at its TTFT margin (its
 thresholds' ``ttftMarginPrior`` at least). A request that can never fit (its own prefill,
 at the margin, beyond the SLO, or
@@ -24,17 +24,19 @@ from slogate_admission.whatif import WhatIfInputs, what_if
 from slogate_cli.arguments import (
     CommandError,
     Subcommands,
+    existing_file,
     fraction,
     non_negative_float,
     non_negative_int,
     positive_float,
     positive_int,
 )
+from slogate_cli.policy_file import read_policy
 
 # flag -> (parser, help); each flag is a field of WhatIfInputs.
 FLAGS: dict[str, tuple[Callable[[str], float], str]] = {
     "--prefill-tps": (positive_float, "measured prefill rate, tokens/s"),
-    "--ttft-slo": (positive_float, "TTFT SLO, seconds"),
+    "--slo-ttft": (positive_float, "TTFT SLO, seconds (or --policy's)"),
     "--prompt-tokens": (non_negative_int, "n_in of the request"),
     "--queued-tokens": (non_negative_float, "prompt tokens queued ahead of it"),
     "--max-tokens": (non_negative_int, "n_out reserved (worst case: max_tokens)"),
@@ -72,6 +74,10 @@ FLAGS: dict[str, tuple[Callable[[str], float], str]] = {
 }
 
 
+ALIASES = {"--ttft-slo": "--slo-ttft"}
+"""Earlier spellings, still taken and not shown: every command spells the SLO --slo-ttft."""
+
+
 def add_parser(subparsers: Subcommands) -> None:
     """Register `what-if` and its flags."""
     parser = subparsers.add_parser(
@@ -81,6 +87,16 @@ def add_parser(subparsers: Subcommands) -> None:
     )
     for flag, (parse, text) in FLAGS.items():
         parser.add_argument(flag, type=parse, help=text)
+    for old, flag in ALIASES.items():
+        parser.add_argument(old, dest=_field(flag), type=FLAGS[flag][0], help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--policy",
+        type=existing_file,
+        help="the AdmissionPolicy you apply (as derive takes it): its class's admit-now budget (the least "
+        "TTFT SLO of the class and those above it), and concurrency.max if set, instead of --slo-ttft and "
+        "--concurrency-cap",
+    )
+    parser.add_argument("--class", dest="class_name", help="with --policy: the request's class (default: the policy's)")
     parser.set_defaults(run=run)
 
 
@@ -96,7 +112,7 @@ def check_inputs(args: argparse.Namespace) -> str | None:
     """What is wrong with the combination of flags, or None (each flag alone was checked by argparse)."""
     given = {flag for flag in FLAGS if getattr(args, _field(flag)) is not None}
     if not given:
-        return "give at least one input, e.g. --prefill-tps 1200 --ttft-slo 2 --prompt-tokens 800 --queued-tokens 1100"
+        return "give at least one input, e.g. --prefill-tps 1200 --slo-ttft 2 --prompt-tokens 800 --queued-tokens 1100"
     if args.ttft_margin is not None and args.ttft_margin < 1:
         return f"--ttft-margin must be at least 1 (a gate never admits beyond its median), got {args.ttft_margin:g}"
     geometry = [flag for flag in GEOMETRY if flag in given]
@@ -109,8 +125,40 @@ def check_inputs(args: argparse.Namespace) -> str | None:
     return None
 
 
+def from_policy(args: argparse.Namespace) -> dict[str, float | int]:
+    """The inputs --policy gives: the class's TTFT SLO, and the concurrency cap if the policy sets one."""
+    if args.policy is None:
+        if args.class_name is not None:
+            raise CommandError("--class needs --policy: the class's SLO comes from the policy")
+        return {}
+    clash = [flag for flag in ("--slo-ttft", "--concurrency-cap") if getattr(args, _field(flag)) is not None]
+    if clash:
+        raise CommandError(f"give --policy or {', '.join(clash)}, not both: the policy file says it")
+    try:
+        read = read_policy(args.policy)
+    except ValueError as error:
+        raise CommandError(str(error)) from None
+    if (note := read.note()) is not None:
+        print(note, file=sys.stderr)
+    policy = read.policy
+    names = [c.name for c in policy.classes] or ["default"]
+    name = args.class_name or policy.default_class or names[-1]
+    if name not in names:
+        raise CommandError(f"--class {name!r} is not a class of the policy ({', '.join(names)})")
+    # Admitted at once within its class's budget: the least TTFT SLO of it and every class above.
+    slos = [c.ttft_seconds or policy.slo.ttft_seconds or 0.0 for c in policy.classes]  # a Policy gives each one
+    budget = min(slos[: names.index(name) + 1]) if policy.classes else policy.slo.ttft_seconds or 0.0
+    given: dict[str, float | int] = {"slo_ttft": budget}
+    if policy.concurrency.max is not None:
+        given["concurrency_cap"] = policy.concurrency.max
+    return given
+
+
 def run(args: argparse.Namespace) -> int:
     """Evaluate and print; contradictions in the flags or in the core's inputs raise, for main's one line."""
+    from_file = from_policy(args)
+    for name, value in from_file.items():
+        setattr(args, name, value)
     problem = check_inputs(args)
     if problem is not None:
         raise CommandError(problem)

@@ -24,7 +24,7 @@ from slogate_sim.capacity import ServerModel, capacity_rps
 from slogate_sim.engine import simulate
 from slogate_sim.fronts import CountCapped, line_up
 from slogate_sim.lengths import Lengths
-from slogate_sim.limits import CountCap
+from slogate_sim.limits import CountCap, fair_count_cap
 from slogate_sim.routing import Routing
 from slogate_sim.scenario import GateKind, SimulationConfig, config_for_load
 from slogate_sim.workloads import CHAT_OUTPUTS, CHAT_PROMPTS, DEFAULT_CLIENT_TIMEOUT_S, ServiceMode, Workload
@@ -59,8 +59,9 @@ class PreviewRequest:
     """None: 10 s, and never in the exponential mode."""
     count_cap_concurrency: int | None = None
     """The count-cap front's streams; None: the derived concurrency cap."""
-    count_cap_queue: int = 8
-    """The count-cap front's queue."""
+    count_cap_queue: int | None = None
+    """The count-cap front's queue; None: the fair one the benchmarks use, floor(SLO · μ)
+    (``limits.fair_count_cap``), the deepest whose last request still starts within the SLO."""
     replicas: int = 1
     """Pods, each its own server and front, behind the balancer."""
     routings: tuple[Routing, ...] = (Routing(),)
@@ -144,6 +145,16 @@ def erlang_b_check(config: SimulationConfig, cap: CountCap) -> float | None:
     return None
 
 
+def _count_cap(request: PreviewRequest, server: ServerModel, workload: Workload, slo_s: float) -> CountCap:
+    """The count-cap front: as given, else as a careful operator would size it (``fair_count_cap``:
+    the concurrency cap's streams, and the queue whose last request starts within the SLO)."""
+    streams = request.count_cap_concurrency or request.thresholds.concurrency_cap
+    if request.count_cap_queue is not None:
+        return CountCap(streams, request.count_cap_queue)
+    mu = capacity_rps(server, workload, streams)
+    return fair_count_cap(streams, slo_s, streams / mu)
+
+
 def preview(request: PreviewRequest) -> dict[str, Any]:
     """Every front at every load; a JSON-ready report. ValueError on input the simulator refuses."""
     thresholds = request.thresholds
@@ -155,8 +166,8 @@ def preview(request: PreviewRequest) -> dict[str, Any]:
     workload = Workload(request.prompt_tokens, request.output_tokens, client_timeout_s=timeout)
     if exponential:
         server, workload = exponential_check(server, workload, thresholds.concurrency_cap, request.slots)
-    count_cap = CountCap(request.count_cap_concurrency or thresholds.concurrency_cap, request.count_cap_queue)
     default = thresholds.default_class_thresholds
+    count_cap = _count_cap(request, server, workload, default.ttft_slo_seconds)
     fronts = line_up(thresholds, count_cap)
     runs: list[dict[str, Any]] = []
     for gate, routing, load in itertools.product(request.gates, request.routings, request.loads):
@@ -190,6 +201,7 @@ def preview(request: PreviewRequest) -> dict[str, Any]:
         "output_tokens": describe(request.output_tokens),
         "warnings": workload_warnings(server, workload, default, request.gates),
         "concurrency_cap": thresholds.concurrency_cap,
+        "count_cap": {"concurrency": count_cap.concurrency, "queue": count_cap.queue},
         "replicas": request.replicas,
         "client_timeout_s": timeout if math.isfinite(timeout) else None,
         "capacity_rps": runs[0]["capacity_rps"],

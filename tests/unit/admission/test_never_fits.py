@@ -147,7 +147,7 @@ def test_what_if_at_the_floor_agrees_with_the_gate() -> None:
         report = what_if(
             WhatIfInputs(
                 prefill_tps=1 / linear,
-                ttft_slo=1.0,
+                slo_ttft=1.0,
                 prompt_tokens=prompt,
                 queued_tokens=0,
                 ttft_margin=t.ttft_margin_prior,

@@ -88,7 +88,7 @@ def test_what_if_agrees_with_the_gate_on_what_never_fits() -> None:
         gate = decide(config, Request(prompt, out), LiveState(), now=0.0)
         report = what_if(
             WhatIfInputs(
-                prefill_tps=1 / linear, ttft_slo=1.0, prompt_tokens=prompt, queued_tokens=0, max_tokens=out,
+                prefill_tps=1 / linear, slo_ttft=1.0, prompt_tokens=prompt, queued_tokens=0, max_tokens=out,
                 kv_bytes_per_token=t.kv_bytes_per_token, kv_free_bytes=capacity_bytes,
                 kv_capacity_bytes=capacity_bytes, slot_tokens=t.per_request_max_tokens,
             )

@@ -100,6 +100,23 @@ def test_a_class_without_its_own_ttft_needs_slo_ttft_before_anything_starts(
     assert no_llama_server.starts == 0
 
 
+def test_up_takes_the_policy_a_user_applies_and_refuses_a_broken_one_before_anything_starts(
+    no_llama_server: type[NeverStarted], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    examples = Path(__file__).parents[3] / "examples"
+    policy = str(examples / "policy-minimal.yaml")
+    code, lines = up(capsys, "--state-dir", str(tmp_path), "--policy", policy)  # with --slo-ttft 2
+    assert code == 2
+    assert lines == ["slogate up: error: give --policy or --slo-ttft, not both: the policy file says all of it"]
+    broken = tmp_path / "policy.yaml"
+    broken.write_text((examples / "policy-minimal.yaml").read_text().replace("ttftSeconds", "ttftSecs"))
+    code = main(["up", "--no-progress", "--state-dir", str(tmp_path), "--policy", str(broken)])
+    err = capsys.readouterr().err.splitlines()
+    assert code == 2
+    assert err == [f"slogate up: error: {broken}: invalid input at slo.ttftSecs: Extra inputs are not permitted"]
+    assert no_llama_server.starts == 0
+
+
 def test_the_sidecar_names_the_flag_of_a_taken_port(taken_port: int) -> None:
     done = subprocess.run(
         [sys.executable, "-m", "slogate_cli.main", "sidecar", "--upstream", "http://127.0.0.1:9",

@@ -4,10 +4,13 @@ import importlib.metadata
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
-SPEC = ["--prefill-tps", "1200", "--ttft-slo", "2", "--prompt-tokens", "800"]
+EXAMPLES = Path(__file__).parents[3] / "examples"
+
+SPEC = ["--prefill-tps", "1200", "--slo-ttft", "2", "--prompt-tokens", "800"]
 
 
 def run(*args: str) -> subprocess.CompletedProcess[str]:
@@ -94,13 +97,13 @@ def test_missing_inputs_are_named() -> None:
     ("args", "fragment"),
     [
         (["--prefill-tps", "-5"], "must be > 0"),
-        (["--ttft-slo", "0"], "must be > 0"),
+        (["--slo-ttft", "0"], "must be > 0"),
         (["--prompt-tokens", "eight"], "not a whole number"),
         (["--queued-tokens", "nan"], "not a finite number"),
         (["--reject-fraction", "1"], "[0, 1)"),
         (["--no-such-flag", "3"], "unrecognized arguments"),
         (["--arrival-rate", "abc"], "not a number"),
-        (["--ttft-slo", "1", "--ttft-margin", "0.5"], "--ttft-margin must be at least 1"),
+        (["--slo-ttft", "1", "--ttft-margin", "0.5"], "--ttft-margin must be at least 1"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(args: list[str], fragment: str) -> None:
@@ -120,7 +123,7 @@ def test_console_script_is_installed() -> None:
 
 def test_a_request_that_can_never_fit_is_not_told_to_retry() -> None:
     # 800 tokens at 330 tok/s take 2.4 s alone: a 0.05 s SLO is never met, however empty the queue.
-    out = what_if("--prefill-tps", "330", "--ttft-slo", "0.05", "--prompt-tokens", "800", "--queued-tokens", "0")
+    out = what_if("--prefill-tps", "330", "--slo-ttft", "0.05", "--prompt-tokens", "800", "--queued-tokens", "0")
     assert out["admit"] is False
     assert out["fits_ever"] is False
     assert out["reasons"] == ["ttft", "never_fits"]
@@ -130,10 +133,10 @@ def test_a_request_that_can_never_fit_is_not_told_to_retry() -> None:
 def test_at_the_gates_margin_a_prompt_within_the_slo_at_the_median_never_fits() -> None:
     # 330 tokens at 330 tok/s: 1.0 s alone, within a 1.2 s SLO at the median prediction; at a
     # gate's margin of 1.59 (the calibration's timing noise) 1.59 s, beyond it on an empty queue.
-    median = what_if("--prefill-tps", "330", "--ttft-slo", "1.2", "--prompt-tokens", "330", "--queued-tokens", "0")
+    median = what_if("--prefill-tps", "330", "--slo-ttft", "1.2", "--prompt-tokens", "330", "--queued-tokens", "0")
     assert median["admit"] is True
     margin = what_if(
-        "--prefill-tps", "330", "--ttft-slo", "1.2", "--prompt-tokens", "330", "--queued-tokens", "0",
+        "--prefill-tps", "330", "--slo-ttft", "1.2", "--prompt-tokens", "330", "--queued-tokens", "0",
         "--ttft-margin", "1.59",
     )  # fmt: skip
     assert margin["reasons"] == ["ttft", "never_fits"]
@@ -194,7 +197,7 @@ def test_a_tenant_over_its_share_is_told_so_with_its_own_retry_after() -> None:
 def test_the_cost_order_prices_a_request_and_says_whether_it_is_held_back() -> None:
     """cost = 800 / 1200 + 400 / 200 = 2.667 s: beyond c* = 1 s, costly; admitted into the last of
     4 slots with 1 held back, it is held back; with a slot to spare beyond the reserve it is not."""
-    common = ["--prefill-tps", "1200", "--ttft-slo", "2", "--prompt-tokens", "800", "--queued-tokens", "0"]
+    common = ["--prefill-tps", "1200", "--slo-ttft", "2", "--prompt-tokens", "800", "--queued-tokens", "0"]
     cost = ["--max-tokens", "400", "--decode-tps", "200", "--cost-boundary", "1", "--reserve-slots", "1"]
     last = what_if(*common, *cost, "--in-flight", "3", "--concurrency-cap", "4")
     assert last["admit"] is True
@@ -211,3 +214,31 @@ def test_the_cost_order_prices_a_request_and_says_whether_it_is_held_back() -> N
     priced = what_if(*common, "--max-tokens", "400", "--decode-tps", "200")
     assert priced["cost_s"] == pytest.approx(2.667, abs=1e-3)
     assert "cost_boundary" in priced["missing"]  # type: ignore[operator]
+
+
+def test_the_old_spelling_of_the_slo_flag_still_works_unshown() -> None:
+    assert (
+        what_if("--ttft-slo", "2", "--prefill-tps", "1200", "--prompt-tokens", "800", "--queued-tokens", "1100")[
+            "admit"
+        ]
+        is True
+    )
+    shown = run("--help").stdout
+    assert "--slo-ttft" in shown
+    assert "--ttft-slo" not in shown
+
+
+def test_the_policy_a_user_applies_gives_its_classs_admit_now_budget() -> None:
+    """examples/smollm2.yaml: interactive 1 s above batch 10 s, so batch is admitted at once
+    within 1 s: 200 tokens at 300/s (0.667 s) leave room for 100 queued tokens, not 2,800."""
+    policy = str(EXAMPLES / "smollm2.yaml")
+    done = run("--policy", policy, "--class", "batch", "--prefill-tps", "300", "--prompt-tokens", "200")
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["max_queued_tokens"] == pytest.approx(100.0)
+    assert "note: ignoring targetRef" in done.stderr
+    clash = run("--policy", policy, "--slo-ttft", "2")
+    assert clash.returncode == 2
+    assert "give --policy or --slo-ttft, not both" in clash.stderr
+    unknown = run("--policy", policy, "--class", "bulk", "--prefill-tps", "300")
+    assert unknown.returncode == 2
+    assert "'bulk' is not a class of the policy (interactive, batch)" in unknown.stderr

@@ -226,6 +226,22 @@ def test_cli_table(profile_file: Path, capsys: pytest.CaptureFixture[str]) -> No
     assert "2x" in out
 
 
+def test_the_count_cap_is_sized_as_the_benchmarks_size_it_unless_given(
+    profile_file: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Its queue is floor(SLO · μ) by default (``fair_count_cap``), not a fixed 8: the strawman
+    that made the count cap look hopeless (0.002 vs 1.056 req/s at 2x in issue 29's walkthrough)."""
+    argv = ["--profile", str(profile_file), "--slo-ttft", "2", "--load", "2x", "--gate", "count-cap,slogate"]
+    assert cli(*argv, "--duration", "600", "--json") == 0
+    report = json.loads(capsys.readouterr().out)
+    mu = report["capacity_rps"]
+    assert report["count_cap"] == {"concurrency": report["concurrency_cap"], "queue": math.floor(2 * mu)}
+    goodput = {r["gate"]: r["goodput_rps"] for r in report["runs"]}
+    assert goodput["count-cap"] > 0.5 * goodput["slogate"]  # a fair baseline, not a strawman
+    assert cli(*argv, "--duration", "60", "--count-cap-queue", "8", "--json") == 0
+    assert json.loads(capsys.readouterr().out)["count_cap"]["queue"] == 8
+
+
 def test_cli_exponential_service_reports_the_mm1_closed_form(
     profile_file: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -267,6 +283,8 @@ def test_cli_bad_flags_are_one_line_exit_2(
         (["--slo-ttft", "2", "--service", "exponential", "--gate", "slogate"], "use none or count-cap"),
         (["--slo-ttft", "2", "--prompt-tokens", "2000"], "beyond one slot"),
         (["--slo-tpot", "0.05"], "give --slo-ttft"),
+        (["--slo-ttft", "2", "--tenants"], "--tenants and --tenant-weights change nothing here"),
+        (["--slo-ttft", "2", "--tenant-weights", "a:2"], "change nothing here"),
     ],
 )
 def test_cli_bad_inputs_are_one_line_exit_2(
