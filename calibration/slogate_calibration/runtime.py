@@ -15,14 +15,16 @@ CLI alike: the binary is found by ``slogate_llama.binary`` and readiness is aske
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import importlib.util
 import os
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -120,6 +122,27 @@ def locate() -> LlamaRuntime:
     except ServerNotFound as error:
         raise RuntimeNotFound(str(error)) from error
     return LlamaRuntime(server=server, model=_locate_model(), tools_dir=server.parent)
+
+
+_PR_SET_PDEATHSIG = 1
+"""prctl(2)'s option: the signal a child gets when the thread that forked it exits (Linux)."""
+
+
+def dies_with_parent(parent: int) -> Callable[[], None] | None:
+    """A ``preexec_fn`` that has the child killed (SIGKILL) when ``parent`` exits, or None where
+    prctl is not there (not Linux). Between fork and exec: it asks the kernel, then exits at once
+    if ``parent`` is already gone (it died before the request took effect). The setting
+    survives ``exec`` (of ``nice`` and then of llama-server) for a program that is not setuid."""
+    if not sys.platform.startswith("linux"):
+        return None
+    libc = ctypes.CDLL(None, use_errno=True)
+    prctl = libc.prctl
+
+    def arm() -> None:
+        if prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0 or os.getppid() != parent:
+            os._exit(1)
+
+    return arm
 
 
 def _free_port(host: str) -> int:
@@ -283,12 +306,15 @@ class LlamaServer:
         try:
             # start_new_session: its own process group, so stop() can signal the whole
             # group and a Ctrl-C aimed at pytest does not race our orderly shutdown.
+            # dies_with_parent: however this process ends (kill -9, a closed terminal), the
+            # server does not outlive it; stop() is the orderly way, this the backstop.
             self._proc = subprocess.Popen(
                 ["nice", "-n", str(self.niceness), *self.args] if self.niceness else self.args,
                 stdin=subprocess.DEVNULL,
                 stdout=self._log_file,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
+                preexec_fn=dies_with_parent(os.getpid()),  # noqa: PLW1509 - async-signal-safe: one prctl, one getppid
             )
         except OSError as exc:
             self._close_log()

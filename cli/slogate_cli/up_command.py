@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import signal
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -42,7 +41,8 @@ from slogate_cli.arguments import (
 from slogate_cli.derive_command import add_policy_flags, build_policy
 from slogate_cli.progress_bar import progress_hooks
 from slogate_sidecar.admin import apply
-from slogate_sidecar.app import build_sidecar, running
+from slogate_sidecar.app import build_sidecar, serve_until_drained
+from slogate_sidecar.drain import Drain
 from slogate_sidecar.settings import SidecarSettings
 
 THREADS, PARALLEL, CTX = 2, 4, 8192
@@ -182,11 +182,8 @@ def check_flag_combinations(args: argparse.Namespace) -> None:
 
 
 async def serve_gate(upstream: str, thresholds: Thresholds, args: argparse.Namespace, console: Console) -> None:
-    """The sidecar in front of the upstream until SIGINT or SIGTERM."""
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
+    """The sidecar in front of the upstream until Ctrl-C (or SIGTERM): the first drains it (new
+    requests get 429, admitted streams finish, at most the drain deadline), a second stops at once."""
     settings = SidecarSettings(
         upstream=upstream,
         host=HOST,
@@ -201,9 +198,21 @@ async def serve_gate(upstream: str, thresholds: Thresholds, args: argparse.Names
         if args.admin_token_file is not None
         else "threshold pushes refused (401) without --admin-token-file"
     )
-    async with running(sidecar) as (port, admin_port):
+
+    def started(port: int, admin_port: int) -> None:
         console.print(
             f"slogate gate at http://127.0.0.1:{port} (OpenAI API, /completion) in front of llama-server "
             f"at {upstream}; admin and /metrics at http://127.0.0.1:{admin_port} ({pushes}); Ctrl-C stops"
         )
-        await stop.wait()
+
+    def draining(drain: Drain) -> None:
+        streams = sidecar.gate.ledger.streams
+        say(
+            f"slogate up: stopping: new requests get 429, {streams} admitted stream(s) may finish "
+            f"(at most {drain.deadline_s:g} s); Ctrl-C again stops at once"
+        )
+
+    try:
+        await serve_until_drained(sidecar, started, draining)
+    except asyncio.CancelledError:  # the second Ctrl-C
+        say("slogate up: stopped at once")

@@ -18,7 +18,7 @@ import json
 import logging
 import signal
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from functools import partial
 
 import aiohttp
@@ -331,7 +331,26 @@ async def serve_forever(settings: SidecarSettings) -> None:
 
     Draining, the sidecar refuses new work (429) and is not ready, lets the admitted streams
     finish within ``drain_deadline_s``, then exits; its ports stay open until then."""
-    sidecar = build_sidecar(settings)
+
+    def started(port: int, admin_port: int) -> None:
+        log.info(
+            "slogate sidecar: proxy on %s:%d, admin on %s:%d, upstream %s",
+            settings.host,
+            port,
+            settings.host,
+            admin_port,
+            settings.upstream,
+        )
+
+    await serve_until_drained(build_sidecar(settings), started)
+
+
+async def serve_until_drained(
+    sidecar: Sidecar, started: Callable[[int, int], None], draining: Callable[[Drain], None] | None = None
+) -> None:
+    """``serve_forever`` for a sidecar already built: ``started(port, admin_port)`` once both
+    ports listen, ``draining(drain)`` when the first signal begins the final drain. A second
+    signal cancels the calling task (the caller catches CancelledError)."""
     main = asyncio.current_task()
     assert main is not None
 
@@ -341,17 +360,16 @@ async def serve_forever(settings: SidecarSettings) -> None:
             main.cancel()
         else:
             sidecar.gate.begin_drain(DrainCause.SIGNAL)
+            if draining is not None:
+                draining(sidecar.gate.drain)
 
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, on_signal)
-    async with running(sidecar, shutdown_timeout_s=CUT_AFTER_S) as (port, admin_port):
-        log.info(
-            "slogate sidecar: proxy on %s:%d, admin on %s:%d, upstream %s",
-            settings.host,
-            port,
-            settings.host,
-            admin_port,
-            settings.upstream,
-        )
-        await sidecar.gate.drain.final_drained()
+    try:
+        async with running(sidecar, shutdown_timeout_s=CUT_AFTER_S) as (port, admin_port):
+            started(port, admin_port)
+            await sidecar.gate.drain.final_drained()
+    finally:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(sig)
