@@ -39,7 +39,7 @@ from slogate_calibration.model_file import (
     kv_bytes_per_token_for,
     read_model_file,
 )
-from slogate_calibration.repetition import Allowance, repeat_unsettled, time_minimum
+from slogate_calibration.repetition import Allowance, repeat_unsettled, time_required
 from slogate_calibration.server_args import speed_settings
 from slogate_llama.client import LlamaClient, ServerProps, UpstreamError
 
@@ -61,7 +61,11 @@ class BudgetExceededError(CalibrationError):
     """The run took longer than its budget."""
 
     def __init__(self, stage: str, budget_s: float) -> None:
-        super().__init__(f"calibration exceeded its {budget_s:g} s budget in stage {stage!r}")
+        super().__init__(
+            f"calibration exceeded its {budget_s:g} s budget in stage {stage!r}, before one timing of every "
+            "point: the server answered slower than the budget allows (a busy or slow machine); give it "
+            "more time (--budget-seconds, or the policy's calibration.budgetSeconds)"
+        )
         self.stage = stage
 
 
@@ -219,13 +223,17 @@ async def _measure(run: _Run) -> CalibrationProfile:
         density = await measure_tokens_per_char(client, SAMPLES, run.advance)
         maker = PromptMaker(await client.tokenize("\n".join(SAMPLES)), seed=s.seed)
 
+        # What a profile cannot do without (one timing of every point, two of the points its
+        # confidence is stated on), then the rest of the minimum and the repetitions as the
+        # budget allows: a busy machine ends in time with fewer timings, and the profile says so.
+        reference = min(DEFAULT_REFERENCE_PROMPT_TOKENS, props.ctx_per_slot // 2)
         run.enter("prefill")
-        prefill = prefill_points(client, maker, lengths)
-        await time_minimum(prefill, time.monotonic, run.advance)
+        prefill = prefill_points(client, maker, lengths, reference)
+        await time_required(prefill, time.monotonic, run.advance)
 
         run.enter("decode")
         decode = decode_points(client, maker, props.total_slots)
-        await time_minimum(decode, time.monotonic, run.advance)
+        await time_required(decode, time.monotonic, run.advance)
 
         run.enter("repeat")
         allowance = Allowance(deadline=run.started + REPEAT_BUDGET_SHARE * s.budget_s)
@@ -256,7 +264,7 @@ async def _measure(run: _Run) -> CalibrationProfile:
         tokens_per_char=density,
         fingerprint_inputs=who.fingerprint_inputs,
         duration_s=time.monotonic() - run.started,
-        confidence=confidence(prefill, decode, min(DEFAULT_REFERENCE_PROMPT_TOKENS, props.ctx_per_slot // 2)),
+        confidence=confidence(prefill, decode, reference),
     )
 
 

@@ -85,9 +85,13 @@ def prefill_min_timings(n: int) -> int:
     return 3 if n <= SHORT_PROMPT_TOKENS else 2
 
 
-def prefill_points(client: Completer, maker: PromptMaker, lengths: Sequence[int]) -> list[Repeated]:
+def prefill_points(
+    client: Completer, maker: PromptMaker, lengths: Sequence[int], reference_tokens: int | None = None
+) -> list[Repeated]:
     """One point per prompt length, each timed alone (no contention) with n_predict = 1:
-    then ``prompt_ms`` is the prefill, in seconds."""
+    then ``prompt_ms`` is the prefill, in seconds. The length nearest ``reference_tokens``
+    (the one ``confidence`` states) requires two timings."""
+    reference = reference_length(lengths, reference_tokens) if reference_tokens is not None else None
 
     def timing(n: int) -> Callable[[], Awaitable[float]]:
         async def once() -> float:
@@ -100,7 +104,15 @@ def prefill_points(client: Completer, maker: PromptMaker, lengths: Sequence[int]
 
         return once
 
-    return [Repeated(n, timing(n), PREFILL_RULE, prefill_min_timings(n)) for n in lengths]
+    return [
+        Repeated(n, timing(n), PREFILL_RULE, prefill_min_timings(n), required=2 if n == reference else 1)
+        for n in lengths
+    ]
+
+
+def reference_length(lengths: Sequence[int], reference_tokens: int) -> int:
+    """The measured prompt length nearest the reference prompt (the shorter on a tie)."""
+    return min(lengths, key=lambda n: (abs(n - reference_tokens), n))
 
 
 def decode_points(
@@ -119,7 +131,11 @@ def decode_points(
 
         return once
 
-    return [Repeated(b, timing(b), DECODE_RULE, DECODE_MIN_ROUNDS) for b in range(1, max_streams + 1)]
+    # Every slot busy is the point ``confidence`` states: it requires two rounds.
+    return [
+        Repeated(b, timing(b), DECODE_RULE, DECODE_MIN_ROUNDS, required=2 if b == max_streams else 1)
+        for b in range(1, max_streams + 1)
+    ]
 
 
 def prefill_point(point: Repeated) -> PrefillPoint:
@@ -137,7 +153,8 @@ def decode_point(point: Repeated) -> DecodePoint:
 def confidence(prefill: Sequence[Repeated], decode: Sequence[Repeated], reference_tokens: int) -> CalibrationConfidence:
     """The profile's stated confidence: the prefill point nearest the reference prompt, the
     decode point with every slot busy, and the points left unsettled."""
-    ref = min(prefill, key=lambda p: (abs(p.key - reference_tokens), p.key))
+    ref_key = reference_length([p.key for p in prefill], reference_tokens)
+    ref = next(p for p in prefill if p.key == ref_key)
     top = max(decode, key=lambda p: p.key)
     return CalibrationConfidence(
         tolerance=TOLERANCE,

@@ -12,6 +12,7 @@ import tempfile
 from pathlib import Path
 
 from slogate_admission.schema import CalibrationProfile
+from slogate_calibration.measure import DECODE_MIN_ROUNDS, prefill_min_timings
 
 TERMINATION_MESSAGE_LIMIT = 4096
 
@@ -73,6 +74,19 @@ def summary_line(profile: CalibrationProfile) -> str:
         if not unsettled
         else f"above the {c.tolerance:.0%} tolerance when repetitions ran out: {', '.join(unsettled)}"
     )
+    # None: a profile from a version that did not count (it ran every planned timing).
+    short = [
+        f"{p.prompt_tokens}-token prompts {p.timings} of {prefill_min_timings(p.prompt_tokens)}"
+        for p in profile.prefill.points
+        if p.timings is not None and p.timings < prefill_min_timings(p.prompt_tokens)
+    ]
+    short += [
+        f"B = {d.streams} {d.timings} of {DECODE_MIN_ROUNDS}"
+        for d in profile.decode
+        if d.timings is not None and d.timings < DECODE_MIN_ROUNDS
+    ]
+    if short:
+        verdict += f"; the budget ended before every planned timing (a busy machine): {', '.join(short)}"
     return (
         f"{head}: prefill {prefill_rate}± {c.prefill_uncertainty:.1%} at {c.prefill_reference_tokens}-token prompts, "
         f"decode {decode:.0f} tok/s per stream ± {c.decode_uncertainty:.1%} at B = {c.decode_streams} "

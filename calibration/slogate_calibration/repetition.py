@@ -91,7 +91,10 @@ class Repeated:
     """Takes one more timing and returns its value (seconds, or tokens/s)."""
     rule: RepeatRule
     min_timings: int
-    """Timings it gets whatever they say (the passes before any repetition)."""
+    """Timings it gets whatever they say, while the budget allows (``repeat_unsettled``)."""
+    required: int = 1
+    """Timings a profile cannot do without (``time_required``): one, or two for a point the
+    profile states its confidence on (an uncertainty needs two values)."""
     values: list[float] = field(default_factory=list)
     costs: list[float] = field(default_factory=list)
     """Wall-clock seconds of each timing: what one more will likely cost."""
@@ -147,14 +150,16 @@ class Allowance:
         return self.clock() + cost_s <= self.deadline
 
 
-async def time_minimum(points: Sequence[Repeated], clock: Clock, tick: Callable[[], None]) -> None:
-    """The timings every point gets, in passes (pass k times every point that wants a k-th).
+async def time_required(points: Sequence[Repeated], clock: Clock, tick: Callable[[], None]) -> None:
+    """The timings a profile cannot do without, in passes (pass k times every point that
+    requires a k-th): the rest of each point's minimum comes from ``repeat_unsettled``, within
+    the budget, so a busy machine ends with fewer timings and says so instead of failing.
 
     Passes, not one point after another, so that a slow spell of the machine disturbs one
     timing of several points rather than every timing of one."""
-    for depth in range(max((p.min_timings for p in points), default=0)):
+    for depth in range(max((p.required for p in points), default=0)):
         for point in points:
-            if depth < point.min_timings:
+            if depth < point.required:
                 await point.time_once(clock)
                 tick()
 
@@ -167,7 +172,8 @@ async def repeat_unsettled(
     *,
     stop_in_s: float | None = None,
 ) -> int:
-    """More timings for the unsettled points, round by round; returns how many were taken.
+    """More timings for the points below their minimum or unsettled, round by round; returns
+    how many were taken.
 
     Each round times every point that still wants more once, cheapest first, so that
     when the allowance runs out the cheap points (short prompts, few streams) have had

@@ -310,10 +310,10 @@ def _cpu_sentence(runs: Sequence[dict[str, Any]]) -> str:
 
 
 def _earlier_sentence(earlier: dict[str, Any], runs: Sequence[dict[str, Any]]) -> str:
-    """An earlier profile against these runs, and how long their minimum work would take at its speed.
+    """An earlier profile against these runs, and how long their work before stage 'repeat' would take at its speed.
 
-    The minimum work (every stage but 'repeat', which only fills what the budget leaves)
-    is scaled stage by stage: prefill by the reference rate, decode by the rate at the top B."""
+    That work (every stage but 'repeat', which only fills what the budget leaves) is scaled
+    stage by stage: prefill by the reference rate, decode by the rate at the top B."""
     top = max(earlier["decodeTokensPerSecond"], key=int)
     prefill_ratio = earlier["referenceTokensPerSecond"] / statistics.median(r["referenceTokensPerSecond"] for r in runs)
     decode_ratio = earlier["decodeTokensPerSecond"][top] / statistics.median(
@@ -327,8 +327,8 @@ def _earlier_sentence(earlier: dict[str, Any], runs: Sequence[dict[str, Any]]) -
         f"procedure of its day, in {earlier['durationS']:.0f} s), had {earlier['referenceTokensPerSecond']:.0f} "
         f"tok/s at the reference prompt ({prefill_ratio:.2f}x the median here) and "
         f"{earlier['decodeTokensPerSecond'][top]:.1f} tok/s per stream at B = {top} ({decode_ratio:.2f}x); its "
-        f"token budget was {earlier['tokenBudget']:.0f}. At those speeds the minimum work of a run here (every "
-        f"stage but 'repeat') would take about {slower:.0f} s."
+        f"token budget was {earlier['tokenBudget']:.0f}. At those speeds the work of a run here before stage "
+        f"'repeat' would take about {slower:.0f} s."
     )
 
 

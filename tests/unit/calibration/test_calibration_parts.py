@@ -174,3 +174,24 @@ def test_the_summary_line_states_the_confidence() -> None:
         "1024-token prompts, B = 3)"
     )
     assert summary_line(_profile()).endswith("no stated confidence (a profile from an older version)")
+
+
+def test_the_summary_line_says_when_the_budget_ended_before_every_planned_timing() -> None:
+    """A busy machine's run ends in time with fewer timings (``time_required``), and says which."""
+    timings = {32: 3, 128: 3, 512: 2, 1024: 1}
+    points = [{"promptTokens": n, "seconds": n / 400, "timings": t, "spread": 0.02} for n, t in timings.items()]
+    profile = _profile().model_copy(
+        update={
+            "prefill": _profile().prefill.model_copy(
+                update={"points": tuple(PrefillPoint.model_validate(p) for p in points)}
+            ),
+            "confidence": CalibrationConfidence(
+                tolerance=0.03, prefill_reference_tokens=512, prefill_uncertainty=0.02,
+                decode_streams=4, decode_uncertainty=0.01, unsettled_prefill_tokens=(512, 1024),
+            ),
+        }
+    )  # fmt: skip
+    assert summary_line(profile).endswith(
+        "the budget ended before every planned timing (a busy machine): 512-token prompts 2 of 3, "
+        "1024-token prompts 1 of 2)"
+    )

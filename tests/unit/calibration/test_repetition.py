@@ -31,7 +31,7 @@ from slogate_calibration.repetition import (
     median_uncertainty,
     relative_spread,
     repeat_unsettled,
-    time_minimum,
+    time_required,
 )
 from slogate_llama.client import Timings, UpstreamError
 
@@ -86,7 +86,7 @@ MAKER = PromptMaker(list(range(1000, 1100)))
 
 async def sweep(server: ScriptedServer, lengths: Sequence[int], deadline: float = math.inf) -> list[Repeated]:
     points = prefill_points(server, MAKER, lengths)
-    await time_minimum(points, server.clock, lambda: None)
+    await time_required(points, server.clock, lambda: None)
     await repeat_unsettled(points, Allowance(deadline, server.clock), lambda: None)
     return points
 
@@ -97,7 +97,7 @@ async def test_a_quiet_machine_gets_the_minimum_timings() -> None:
     assert (len(short.values), len(long.values)) == (3, 2)
     assert short.settled
     assert long.settled
-    assert server.calls == [SHORT, LONG, SHORT, LONG, SHORT]  # in passes, not one length after another
+    assert server.calls == [SHORT, LONG, SHORT, LONG, SHORT]  # in rounds, not one length after another
 
 
 async def test_one_disturbed_timing_costs_one_more_and_is_outvoted() -> None:
@@ -123,14 +123,13 @@ async def test_repetitions_stop_before_the_deadline_cheap_points_first() -> None
     noisy_short = [0.10, 0.13, 0.09, 0.12, 0.10, 0.13, 0.09]
     noisy_long = [4.0, 5.0, 4.4, 3.6, 4.8, 3.7, 4.1]
     server = ScriptedServer(clock, {SHORT: noisy_short, LONG: noisy_long})
-    # The minimum takes 0.32 + 9.0 s; one more long timing (5 s, its dearest so far) would
-    # end past 14 s, after the deadline: only the short prompt is repeated.
+    # One timing of each takes 4.1 s; a second long one (4 s) ends by 9.3 s; a third (5 s, its
+    # dearest so far) would end past 14 s, after the deadline: only the short prompt goes on.
     long, short = await sweep(server, [LONG, SHORT], deadline=13.0)
     assert len(long.values) == 2
     assert len(short.values) == PREFILL_RULE.max_timings
     assert clock.now <= 13.0
-    minimum = [LONG, SHORT, LONG, SHORT, SHORT]
-    assert server.calls == minimum + [SHORT] * (PREFILL_RULE.max_timings - 3)
+    assert server.calls == [LONG, SHORT, SHORT, LONG] + [SHORT] * (PREFILL_RULE.max_timings - 2)
 
 
 async def test_each_round_times_the_cheapest_points_first() -> None:
@@ -138,17 +137,18 @@ async def test_each_round_times_the_cheapest_points_first() -> None:
     noisy_long = [4.0, 5.0, 4.4, 3.6, 4.8, 3.7, 4.1]
     server = ScriptedServer(FakeClock(), {SHORT: noisy_short, LONG: noisy_long})
     await sweep(server, [LONG, SHORT])
-    assert server.calls[5:7] == [SHORT, LONG]  # the first round of repetitions, listed long first
+    assert server.calls[2:4] == [SHORT, LONG]  # the first round after the required timings, listed long first
 
 
 async def test_a_long_point_is_repeated_only_while_it_would_end_in_time() -> None:
     clock = FakeClock()
     server = ScriptedServer(clock, {LONG: [4.0, 5.0, 4.4, 3.6, 4.8, 3.7]})
     points = prefill_points(server, MAKER, [LONG])
-    await time_minimum(points, clock, lambda: None)
+    await time_required(points, clock, lambda: None)
     taken = await repeat_unsettled(points, Allowance(19.0, clock), lambda: None)
-    # After 9 s of minimum, each more is expected to cost 5 s (the dearest so far): two fit.
-    assert taken == 2
+    # After the required 4 s, each more is expected to cost its dearest so far (4, then 5 s):
+    # three fit (by 9, 13.4 and 17 s); a fourth would end at 22 s.
+    assert taken == 3
     assert clock.now == pytest.approx(17.0)
 
 
@@ -156,7 +156,8 @@ async def test_decode_rounds_minimum_and_one_disturbed_round() -> None:
     clock = FakeClock()
     server = ScriptedServer(clock, {}, {1: [100.0, 101.0, 100.0], 2: [60.0, 40.0, 60.5, 30.0]})
     points = decode_points(server, MAKER, 2)
-    await time_minimum(points, clock, lambda: None)
+    assert [p.required for p in points] == [1, 2]  # every slot busy: the confidence's point
+    await time_required(points, clock, lambda: None)
     await repeat_unsettled(points, Allowance(math.inf, clock), lambda: None)
     one, two = points
     assert len(one.values) == DECODE_MIN_ROUNDS
@@ -224,3 +225,26 @@ async def test_a_timing_still_running_at_the_hard_stop_is_dropped() -> None:
     assert taken == 0
     assert point.values == [4.0, 5.0]  # what it had; the run goes on to fit them
     assert point.costs == [4.0, 5.0]
+
+
+async def test_a_busy_machine_ends_in_time_with_the_timings_it_could_take() -> None:
+    """Every prompt length four times slower than planned for: the required timings (one each,
+    two of the reference length) end, the rest of the minimum stops at the deadline, and the
+    confidence is stated on what was measured instead of the run failing."""
+    clock = FakeClock()
+    slow = {SHORT: [0.4] * 6, 512: [6.0, 6.1, 6.0, 6.05], LONG: [16.0, 16.2, 16.1]}
+    server = ScriptedServer(clock, slow)
+    points = prefill_points(server, MAKER, [SHORT, 512, LONG], reference_tokens=512)
+    assert [p.required for p in points] == [1, 2, 1]
+    await time_required(points, clock, lambda: None)
+    assert clock.now == pytest.approx(0.4 + 6.0 + 16.0 + 6.1)
+    await repeat_unsettled(points, Allowance(34.0, clock), lambda: None)
+    short, reference, long = points
+    assert len(long.values) == 1  # a second (16 s) would end past the deadline
+    assert len(reference.values) == 2  # a third (6.1 s) too
+    assert len(short.values) == 3
+    assert clock.now <= 34.0
+    stated = confidence(points, points[:1], reference_tokens=512)
+    assert stated.prefill_reference_tokens == 512
+    assert math.isfinite(stated.prefill_uncertainty)
+    assert stated.unsettled_prefill_tokens == (LONG,)  # one timing: its median's error is unknown
