@@ -30,7 +30,7 @@ from slogate_cli.arguments import (
     positive_int,
 )
 from slogate_sidecar.app import serve_forever
-from slogate_sidecar.settings import PromptCounting, SidecarSettings
+from slogate_sidecar.settings import OVERLOAD_STATUSES, PromptCounting, SidecarSettings
 
 NO_TOKEN_WARNING = "the admin API refuses every threshold push (401) without --admin-token-file"
 """Said once at start: a sidecar without a token file only ever serves its boot thresholds."""
@@ -143,6 +143,16 @@ def add_parser(subparsers: Subcommands) -> None:
         "streams still running then are cut and the sidecar exits",
     )
     parser.add_argument(
+        "--overload-status",
+        type=int,
+        choices=OVERLOAD_STATUSES,
+        default=_default("overload_status"),
+        help="the status of a deliberate shed (the gate's refusal, a drain's), with its Retry-After: 429 for "
+        "clients and gateways that retry later or elsewhere; 503 (vLLM's, SGLang's) or 529 (NVIDIA Dynamo's) "
+        "for clients built for those. A 5xx counts against availability SLOs and makes Envoy's outlier "
+        "detection eject the pod (docs/routing.md)",
+    )
+    parser.add_argument(
         "--expose-upstream-admin",
         action="store_true",
         help="pass llama-server's other endpoints through",
@@ -187,6 +197,7 @@ def settings_from(args: argparse.Namespace) -> SidecarSettings:
         poll_interval_s=args.poll_interval,
         rate_max_age_s=args.rate_max_age,
         drain_deadline_s=args.drain_deadline,
+        overload_status=args.overload_status,
         expose_upstream_admin=args.expose_upstream_admin,
         access_log=not args.no_access_log,
     )

@@ -129,6 +129,8 @@ class SidecarSpec(Model):
     """`slogate sidecar --client-read-timeout`: how long a client may take to send its request."""
     upstream_read_timeout_seconds: Timeout | None = None
     """`slogate sidecar --upstream-read-timeout`: how long llama-server may stay silent."""
+    overload_status: Literal[429, 503, 529] | None = None
+    """`slogate sidecar --overload-status`: the status of a deliberate shed (429 unless set)."""
     resources: Resources | None = None
 
     @model_validator(mode="after")
@@ -144,6 +146,7 @@ class SidecarSpec(Model):
             ("--class-header", self.class_header),
             ("--client-read-timeout", self.client_read_timeout_seconds),
             ("--upstream-read-timeout", self.upstream_read_timeout_seconds),
+            ("--overload-status", self.overload_status),
         ):
             if value is not None:
                 flags += [flag, value if isinstance(value, str) else repr(value)]

@@ -173,7 +173,8 @@ def admission_of(response: web.StreamResponse | None) -> tuple[str, str]:
     klass = response.headers.get("X-Slogate-Class")
     if klass is not None:  # set on every admitted request's answer
         return klass, "degrade" if "X-Slogate-Degraded" in response.headers else "admit"
-    body = response.body if isinstance(response, web.Response) and response.status in (400, 429) else None
+    refused = response.status == 400 or response.get(responses.SHED, False)
+    body = response.body if isinstance(response, web.Response) and refused else None
     if isinstance(body, bytes) and b'"slogate"' in body:  # a rejection: a small JSON body
         try:
             details = json.loads(body).get("slogate")

@@ -30,6 +30,7 @@ from aiohttp import web
 from slogate_admission.decision import GateConfig, Request
 from slogate_admission.demand import Attempt, DemandBook, RetryMemory
 from slogate_sidecar.metrics import SidecarMetrics
+from slogate_sidecar.responses import SHED
 
 __all__ = ["KEY_HEADERS", "MAX_KEY_CHARS", "RETRY_COUNT_HEADERS", "DemandMeter", "attempt_of"]
 
@@ -109,8 +110,9 @@ class DemandMeter:
         self.metrics.offered_work.inc(counted.work_s)
 
     def answered(self, attempt: Attempt, response: web.StreamResponse, now: float) -> None:
-        """Remember the key of a try the sidecar refused with 429, for its Retry-After (plus grace)."""
-        if response.status != 429:
+        """Remember the key of a try the sidecar shed (its overload status, 429 by default), for
+        its Retry-After (plus grace)."""
+        if not response.get(SHED, False):
             return
         retry_after = response.headers.get("Retry-After", "")
         if not _COUNT.fullmatch(retry_after):  # every 429 of the sidecar's own carries one

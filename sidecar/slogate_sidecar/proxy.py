@@ -172,7 +172,7 @@ class InferenceProxy:
         if pre.outcome is Outcome.REJECT:
             sc.metrics.record_decision(pre, 0.0)
             sc.demand.decided(retry=retry, request=Request(estimated, empty.output_tokens), config=sc.gate.config)
-            return responses.rejection(pre)
+            return responses.rejection(pre, sc.settings.overload_status)
         try:
             return await count_prompt_tokens(sc.client, sc.settings.upstream, parsed, upstream_timeout(sc))
         except aiohttp.ClientResponseError as refused:
@@ -208,7 +208,7 @@ class InferenceProxy:
         except Draining:
             return self._draining()
         if admission.lease is None:
-            return responses.rejection(admission.final)
+            return responses.rejection(admission.final, self.sc.settings.overload_status)
         exchange = Exchange(parsed.route, parsed, admission.lease)
         try:
             return await self._forward(request, exchange)
@@ -283,7 +283,7 @@ class InferenceProxy:
     def _draining(self) -> web.Response:
         self.sc.gate.drain.refuse()
         self.sc.metrics.drain_refusals.inc()
-        return responses.draining()
+        return responses.draining(self.sc.settings.overload_status)
 
     def _observe(self, ex: Exchange, line: bytes, *, parse_all: bool) -> dict[str, Any] | None:
         """Parse an SSE line when needed: until the first token, at the end, or always."""

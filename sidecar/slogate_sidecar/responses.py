@@ -53,8 +53,21 @@ def decision_details(decision: Decision) -> dict[str, Any]:
     }
 
 
-def rejection(decision: Decision) -> web.Response:
-    """429 with a computed Retry-After; 400 when no wait would ever help."""
+SHED = web.ResponseKey("slogate_shed", bool)
+"""The key, in a response's own mapping, that marks a deliberate shed (the gate's refusal, a
+drain's): its status is the overload status the sidecar was given, 429 by default, and its
+Retry-After is the gate's (``offered_demand`` remembers it for the retries it will bring)."""
+
+
+def shed(response: web.Response) -> web.Response:
+    """Mark ``response`` as a deliberate shed (``SHED``)."""
+    response[SHED] = True
+    return response
+
+
+def rejection(decision: Decision, overload_status: int = 429) -> web.Response:
+    """The overload status (429 unless set otherwise) with a computed Retry-After; 400 when no
+    wait would ever help."""
     reasons = ", ".join(r.value for r in decision.reasons)
     details = {"slogate": decision_details(decision)}
     if not decision.fits_ever:
@@ -73,13 +86,15 @@ def rejection(decision: Decision) -> web.Response:
         if decision.reasons == (Reason.TENANT_SHARE,)
         else "server at capacity"
     )
-    return error(
-        429,
-        f"{why} ({reasons}); retry after {retry_after_header(retry)} s",
-        kind="rate_limit_error",
-        code="slogate_rejected",
-        extra=details,
-        headers={"Retry-After": retry_after_header(retry)},
+    return shed(
+        error(
+            overload_status,
+            f"{why} ({reasons}); retry after {retry_after_header(retry)} s",
+            kind="rate_limit_error",
+            code="slogate_rejected",
+            extra=details,
+            headers={"Retry-After": retry_after_header(retry)},
+        )
     )
 
 
@@ -105,13 +120,14 @@ DRAINING_RETRY_AFTER_S = 1
 """Retry-After of a draining sidecar's 429: another replica can serve the request now."""
 
 
-def draining() -> web.Response:
-    """429 while the sidecar drains: nothing reached llama-server, so any replica may take it.
+def draining(overload_status: int = 429) -> web.Response:
+    """The overload status (429 unless set otherwise) while the sidecar drains: nothing reached
+    llama-server, so any replica may take it.
 
     The connection is closed after it: a balancer keeps no idle connection to a sidecar
     that is about to stop listening."""
     response = error(
-        429,
+        overload_status,
         "the slogate sidecar is draining (its pod is stopping or llama-server restarting); "
         "nothing was sent to llama-server: retry on another replica",
         kind="rate_limit_error",
@@ -120,4 +136,4 @@ def draining() -> web.Response:
         extra={"slogate": {"outcome": "draining", "retryAfterSeconds": DRAINING_RETRY_AFTER_S}},
     )
     response.force_close()
-    return response
+    return shed(response)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
+from typing import Literal
 
 
 class PromptCounting(StrEnum):
@@ -15,6 +16,11 @@ class PromptCounting(StrEnum):
     TOKENIZE = "tokenize"
     """llama-server's own /tokenize (and /apply-template for chat): exact, one or two
     loopback calls, made only after a zero-token pre-check did not already reject."""
+
+
+OverloadStatus = Literal[429, 503, 529]
+"""The statuses a deliberate shed may answer with (``SidecarSettings.overload_status``)."""
+OVERLOAD_STATUSES: tuple[OverloadStatus, ...] = (429, 503, 529)
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,6 +72,11 @@ class SidecarSettings:
     GET /slogate/v1/drain); after a SIGTERM, those still running then are cut. Below
     Kubernetes' default 30 s grace period: in a pod the operator passes the pod's grace period
     less 5 s (docs/sidecar.md, "Draining")."""
+    overload_status: OverloadStatus = 429
+    """The status of a deliberate shed (the gate's refusal, a drain's): 429 Too Many Requests,
+    which clients, gateways and Envoy treat as "retry later, elsewhere"; 503 (vLLM's, SGLang's)
+    or 529 (NVIDIA Dynamo's) for clients built for those. A 5xx counts against availability
+    SLOs and makes Envoy's outlier detection eject the shedding pod (docs/routing.md)."""
     access_log: bool = True
     """One info line per request on logger ``slogate.sidecar.access``: method, path, status,
     class, outcome, duration. Off: no per-request work at all (the middleware is absent)."""

@@ -47,7 +47,11 @@ def test_a_calibration_out_of_budget_exits_3_and_any_other_failure_2(
     argv = ["calibrate", "--upstream", "http://127.0.0.1:9", "--no-progress"]
     monkeypatch.setattr(calibrate_command, "calibrate", raising(BudgetExceededError("prefill", 5.0)))
     assert main(argv) == 3
-    assert one_line(capsys) == "slogate calibrate: error: calibration exceeded its 5 s budget in stage 'prefill'"
+    assert one_line(capsys) == (
+        "slogate calibrate: error: calibration exceeded its 5 s budget in stage 'prefill', before one timing of "
+        "every point: the server answered slower than the budget allows (a busy or slow machine); give it more "
+        "time (--budget-seconds, or the policy's calibration.budgetSeconds)"
+    )
     monkeypatch.setattr(calibrate_command, "calibrate", raising(CalibrationError("http://127.0.0.1:9: unreachable")))
     assert main(argv) == 2
     assert one_line(capsys) == "slogate calibrate: error: http://127.0.0.1:9: unreachable"

@@ -41,6 +41,7 @@ FLAGS: list[tuple[list[str], str, Any]] = [
     (["--expose-upstream-admin"], "expose_upstream_admin", True),
     (["--no-access-log"], "access_log", False),
     (["--drain-deadline", "10"], "drain_deadline_s", 10.0),
+    (["--overload-status", "529"], "overload_status", 529),
 ]
 DEFAULTS = SidecarSettings(upstream="http://127.0.0.1:8080")
 

@@ -22,7 +22,12 @@ from slogate_operator.sidecar import SidecarConfig, sidecar_container
 from slogate_operator.spec import SidecarSpec, SpecError, parse_spec
 from slogate_sidecar.settings import SidecarSettings
 
-TUNED = {"classHeader": "X-Tier", "clientReadTimeoutSeconds": 90, "upstreamReadTimeoutSeconds": 300.5}
+TUNED = {
+    "classHeader": "X-Tier",
+    "clientReadTimeoutSeconds": 90,
+    "upstreamReadTimeoutSeconds": 300.5,
+    "overloadStatus": 529,
+}
 
 
 def policy_with(sidecar: dict[str, Any]) -> dict[str, Any]:
@@ -73,6 +78,8 @@ INVALID = {
     "negative upstream timeout": {"upstreamReadTimeoutSeconds": -1},
     "upstream timeout past an hour": {"upstreamReadTimeoutSeconds": 3601},
     "timeout not a number": {"clientReadTimeoutSeconds": "30s"},
+    "overload status not one of 429, 503, 529": {"overloadStatus": 500},
+    "overload status as text": {"overloadStatus": "429"},
 }
 
 
@@ -104,15 +111,17 @@ def test_set_settings_reach_the_sidecar_through_its_command_line(tmp_path: Path)
     assert settings.class_header == "X-Tier"
     assert settings.client_read_timeout_s == 90.0
     assert settings.upstream_read_timeout_s == 300.5
+    assert settings.overload_status == 529
 
 
 def test_unset_settings_leave_the_sidecars_own_defaults(tmp_path: Path) -> None:
     spec = parse_spec(policy_with({})["spec"]).operator.sidecar
     container = sidecar_container(config_for(spec))
-    assert not {"--class-header", "--client-read-timeout", "--upstream-read-timeout"} & set(container["args"])
+    flags = {"--class-header", "--client-read-timeout", "--upstream-read-timeout", "--overload-status"}
+    assert not flags & set(container["args"])
     settings = sidecar_settings(container, tmp_path)
     defaults = SidecarSettings(upstream=settings.upstream)
-    for field in ("class_header", "client_read_timeout_s", "upstream_read_timeout_s"):
+    for field in ("class_header", "client_read_timeout_s", "upstream_read_timeout_s", "overload_status"):
         assert getattr(settings, field) == getattr(defaults, field), field
 
 

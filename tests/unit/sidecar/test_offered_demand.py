@@ -95,9 +95,10 @@ def test_the_key_is_the_idempotency_key_else_the_request_id_and_a_long_one_is_ha
     assert attempt_of({"idempotency-key": odd}).key is not None
 
 
-def refusal(retry_after: str | None) -> web.Response:
+def refusal(retry_after: str | None, status: int = 429) -> web.Response:
+    """A shed as the sidecar marks it (``responses.shed``), with or without its Retry-After."""
     headers = {} if retry_after is None else {"Retry-After": retry_after}
-    return web.json_response({"error": {}}, status=429, headers=headers)
+    return responses.shed(web.json_response({"error": {}}, status=status, headers=headers))
 
 
 def test_a_refused_key_is_a_retry_until_its_retry_after_and_the_grace_are_over() -> None:
@@ -109,15 +110,23 @@ def test_a_refused_key_is_a_retry_until_its_retry_after_and_the_grace_are_over()
     assert not meter.is_retry(Attempt(key="idempotency-key:other"), now=101.0)
 
 
-def test_only_429s_with_a_retry_after_are_remembered_draining_ones_included() -> None:
+def test_only_sheds_with_a_retry_after_are_remembered_whatever_their_status() -> None:
+    """A shed is remembered by what it is, not by its status: 503 is also "llama-server down"
+    (``not_ready``, with its own Retry-After), which brings no retry of a shed request."""
     meter = DemandMeter(SidecarMetrics())
-    for status in (200, 400, 503):
+    for status in (200, 400, 429, 503):
         meter.answered(Attempt(key=f"k{status}"), web.json_response({}, status=status), now=0.0)
+    meter.answered(Attempt(key="not-ready"), responses.not_ready("upstream down"), now=0.0)
     meter.answered(Attempt(key="no-header"), refusal(None), now=0.0)
     meter.answered(Attempt(key="bad-header"), refusal("soon"), now=0.0)
     meter.answered(Attempt(key="draining"), responses.draining(), now=0.0)
-    assert len(meter.book.memory) == 1
+    meter.answered(Attempt(key="draining-529"), responses.draining(529), now=0.0)
+    meter.answered(Attempt(key="shed-503"), refusal("2", status=503), now=0.0)
+    assert len(meter.book.memory) == 3
     assert meter.is_retry(Attempt(key="draining"), now=1.0 + RETRY_GRACE_S - 0.01)
+    assert meter.is_retry(Attempt(key="draining-529"), now=1.0)
+    assert meter.is_retry(Attempt(key="shed-503"), now=2.0)
+    assert not meter.is_retry(Attempt(key="not-ready"), now=0.5)
 
 
 # ---------------------------------------------------------------- through the sidecar

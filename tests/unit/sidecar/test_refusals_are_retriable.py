@@ -204,3 +204,34 @@ async def test_once_a_generation_reached_llama_server_no_failure_is_429_or_503(t
             assert answer.retry_after is None
             assert fake.generations == before + 1  # this one did reach llama-server
         assert await gate.wait_idle()
+
+
+async def test_the_overload_status_is_a_setting_for_every_shed_and_nothing_else(tmp_path: Path) -> None:
+    """--overload-status 529 (NVIDIA Dynamo's): the gate's refusal and a drain's answer 529 with
+    their Retry-After, starting no generation; a request that never fits stays a 400, and the
+    sheds' retries are still told from first tries (offered_demand keeps their keys)."""
+    quiet = {**QUIET, "overload_status": 529}
+    async with (
+        held_upstream() as fake,
+        sidecar_in_front_of(fake.url, tmp_path, policy(cap=1, max_wait=0.0), **quiet) as gate,
+    ):
+        held = await hold(gate, fake, 20)
+        before = fake.generations
+        shed = await ask(gate, TOKENS, headers={"Idempotency-Key": "same"})
+        safe_to_retry(shed, 529, fake, before)
+        assert shed.reasons == ["concurrency"]
+        retried = gate.sidecar.metrics.retried_requests._value.get()
+        again = await ask(gate, TOKENS, headers={"Idempotency-Key": "same"})
+        assert again.status == 529
+        assert gate.sidecar.metrics.retried_requests._value.get() == retried + 1
+        huge = await ask(gate, {"prompt": [1] * 4000, "n_predict": 4})
+        assert huge.status == 400
+        fake.release()
+        assert await held == 200
+        # The drain hook answers once nothing is admitted.
+        async with gate.session.get(gate.admin_url + "/slogate/v1/drain", headers=DRAIN_HEADERS) as response:
+            assert response.status == 200
+        generations = fake.generations
+        draining = await ask(gate, TOKENS)
+        safe_to_retry(draining, 529, fake, generations)
+        assert draining.body["error"]["code"] == "slogate_draining"
