@@ -133,6 +133,9 @@ class Request:
     """Time already spent deferred: it counts against the request's TTFT."""
     tenant: str | None = None
     """Who sent it, for fair shares (``tenant_shares``); None: no tenant named."""
+    ttft_slo_s: float | None = None
+    """A TTFT SLO of its own (a gateway's ``x-llm-d-slo-ttft-ms``): it may tighten its class's
+    SLO and budget, never loosen them; None: its class's."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -232,7 +235,7 @@ def decide(
     earlier. A refused request that an idle gate would refuse
     too (``never_fits``) is rejected with no Retry-After: no wait helps.
     """
-    limits = config.limits_for(request.class_name)
+    limits = own_limits(config, request)
     rate = state.prefill_tokens_per_s or config.prefill_tokens_per_s
     # The calibrated curve is scaled by how much slower (or faster) the server runs now.
     own = config.prefill.seconds(request.prompt_tokens) * (config.prefill_tokens_per_s / rate)
@@ -338,7 +341,7 @@ def never_fits(config: GateConfig, request: Request) -> tuple[Reason, ...]:
       shorten n_out to fit.
     - Concurrency and decode: a cap below one stream (never, for derived thresholds).
     """
-    limits = config.limits_for(request.class_name)
+    limits = own_limits(config, request)
     own = config.prefill.seconds(request.prompt_tokens)
     m = config.ttft_margin_floor
     # decide's max_queued with nothing queued or waited, term for term (so the two agree to
@@ -349,6 +352,16 @@ def never_fits(config: GateConfig, request: Request) -> tuple[Reason, ...]:
         config.clamp_max_tokens and room - request.prompt_tokens >= 1
     )
     return _REASONS[ttft, kv, limits.concurrency_cap < 1, config.decode_streams_cap < 1]
+
+
+def own_limits(config: GateConfig, request: Request) -> ClassLimits:
+    """The request's class's limits, its SLO and budget tightened to its own TTFT SLO if it
+    names a tighter one (a looser one changes nothing: the class's SLO is the operator's promise)."""
+    limits = config.limits_for(request.class_name)
+    own = request.ttft_slo_s
+    if own is None or own >= limits.ttft_slo_s:
+        return limits
+    return ClassLimits(limits.name, own, min(limits.ttft_budget_s, own), limits.concurrency_cap)
 
 
 def _reasons_table() -> dict[tuple[bool, bool, bool, bool], tuple[Reason, ...]]:

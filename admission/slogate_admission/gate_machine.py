@@ -18,7 +18,16 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from slogate_admission.cost_book import CostBook, bucket_of
-from slogate_admission.decision import Decision, GateConfig, LiveState, Outcome, Reason, Request, decide
+from slogate_admission.decision import (
+    Decision,
+    GateConfig,
+    LiveState,
+    Outcome,
+    Reason,
+    Request,
+    decide,
+    own_limits,
+)
 from slogate_admission.deferral_queue import DeferralQueue, Waiter, arrival_order
 from slogate_admission.ledger import Ledger, Ticket
 from slogate_admission.schema import Thresholds
@@ -169,7 +178,7 @@ class GateMachine:
         if self.ledger.streams + 1 <= decision.concurrency_cap - self.thresholds.cost_reserve_slots:
             return decision
         # The slack a deferral of it would have (decide's bound): the SLO left after its own prefill.
-        limits = self.config.limits_for(decision.class_name)
+        limits = own_limits(self.config, request)
         margin = self.errors.margin(decision.class_name)
         slack = min(self.config.max_wait_s, limits.ttft_slo_s - request.waited_s - margin * decision.own_prefill_s)
         if slack <= 0:

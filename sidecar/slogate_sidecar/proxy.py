@@ -14,6 +14,7 @@ cannot be read, parsed or gated raises ``BadRequest``, which ``app.json_errors``
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -27,7 +28,7 @@ from slogate_admission.output_tokens import OutputTokenEstimate, estimate_output
 from slogate_llama.lines import Lines, LineTooLongError
 from slogate_llama.routes import Route, as_upstream_stream
 from slogate_llama.stream import Reassembler, carries_token, event, event_data, may_be_final, usage_of
-from slogate_sidecar import responses
+from slogate_sidecar import gateway_headers, responses
 from slogate_sidecar.body import read_body
 from slogate_sidecar.drain import Draining
 from slogate_sidecar.lease import Lease, Origin, Usage
@@ -67,10 +68,14 @@ class InferenceProxy:
         self.sc = sidecar
 
     def classify(self, request: web.Request) -> str | None:
-        """The class: the header, else the API key's class, else None (the default class)."""
+        """The class: the header, else a gateway's objective (``gateway_headers``), else the API
+        key's class, else None (the default class)."""
         named = request.headers.get(self.sc.settings.class_header)
         if named:
             return named.strip().lower()
+        objective = gateway_headers.objective(request.headers)
+        if objective is not None:
+            return objective
         key = api_key(request)
         return self.sc.settings.api_key_classes.get(key) if key is not None else None
 
@@ -81,7 +86,7 @@ class InferenceProxy:
         thresholds = self.sc.gate.thresholds
         if thresholds is None or thresholds.tenants is None:
             return None
-        named = request.headers.get(thresholds.tenants.header)
+        named = request.headers.get(thresholds.tenants.header) or gateway_headers.fairness_id(request.headers)
         if named:
             return named
         key = api_key(request)
@@ -134,14 +139,15 @@ class InferenceProxy:
         if sc.gate.drain.active:  # it began while the body arrived: no /tokenize call either
             return self._draining()
         class_name, tenant = self.classify(request), self.tenant_of(request)
+        own_slo = gateway_headers.ttft_slo_s(request.headers)
         n_out = self._output_tokens(parsed)
         tokens_per_char = (sc.gate.thresholds and sc.gate.thresholds.tokens_per_char) or FALLBACK_TOKENS_PER_CHAR
         estimated_n_in = estimate_prompt_tokens(parsed, tokens_per_char)
-        empty = Request(0, n_out, class_name, tenant=tenant)
+        empty = Request(0, n_out, class_name, tenant=tenant, ttft_slo_s=own_slo)
         n_in = await self._prompt_tokens(parsed, empty, estimated_n_in, retry=retry)
         if isinstance(n_in, web.Response):
             return n_in
-        req = Request(n_in, n_out, class_name, tenant=tenant)
+        req = Request(n_in, n_out, class_name, tenant=tenant, ttft_slo_s=own_slo)
         return await self._decide_and_serve(request, parsed, req, arrived, estimated_n_in, retry=retry)
 
     def _refused_at_once(self) -> web.Response | None:
@@ -171,7 +177,9 @@ class InferenceProxy:
         pre = sc.gate.precheck(empty, estimated)
         if pre.outcome is Outcome.REJECT:
             sc.metrics.record_decision(pre, 0.0)
-            sc.demand.decided(retry=retry, request=Request(estimated, empty.output_tokens), config=sc.gate.config)
+            sc.demand.decided(
+                retry=retry, request=dataclasses.replace(empty, prompt_tokens=estimated), config=sc.gate.config
+            )
             return responses.rejection(pre, sc.settings.overload_status)
         try:
             return await count_prompt_tokens(sc.client, sc.settings.upstream, parsed, upstream_timeout(sc))
@@ -224,6 +232,7 @@ class InferenceProxy:
         headers = {
             "X-Slogate-Class": ex.decision.class_name,
             "X-Slogate-Predicted-Ttft": f"{ex.decision.predicted_ttft_s:.4f}",
+            **gateway_headers.admitted_headers(ex.lease.ticket.admitted_at - ex.lease.arrived_at),
         }
         if ex.decision.clamped:
             headers["X-Slogate-Degraded"] = f"max_tokens={ex.decision.output_tokens}"

@@ -11,6 +11,7 @@ from aiohttp import web
 
 from slogate_admission.decision import Decision, Reason
 from slogate_admission.retry import retry_after_whole_s
+from slogate_sidecar import gateway_headers
 
 
 def error(
@@ -60,8 +61,9 @@ Retry-After is the gate's (``offered_demand`` remembers it for the retries it wi
 
 
 def shed(response: web.Response) -> web.Response:
-    """Mark ``response`` as a deliberate shed (``SHED``)."""
+    """Mark ``response`` as a deliberate shed (``SHED``), and say so in a gateway's words too."""
     response[SHED] = True
+    response.headers.update(gateway_headers.shed_headers())
     return response
 
 
