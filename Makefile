@@ -30,6 +30,7 @@ help:
 	@echo "make bench-autoscale - an HPA on CPU, waiting and slogate's demand, simulated (~3 min): docs/autoscaling.md"
 	@echo "make bench-tenants  - the noisy neighbour on the real llama-server (~16 min): docs/benchmarks.md"
 	@echo "make bench-tenants-sim - 100 Zipf tenants, simulated (a few min): docs/benchmarks.md"
+	@echo "make bench-cost-sim - the cost order against arrival order, simulated (~2 min): docs/admission-math.md"
 	@echo "make soak   - ten minutes at 3x capacity through the gate: docs/reliability.md"
 	@echo "make kube   - build the real cluster's binaries (etcd, Kubernetes, helm, CoreDNS) from the Go module proxy (~25 min cold)"
 	@echo "make kube-images - build the images the real cluster runs, here, from Debian's packages (~6 min cold)"
@@ -189,7 +190,7 @@ bench-tenants-sim: dev $(VENV)/.slogate-bench
 	$(PY) -m slogate_bench.runs.tenant_simulation
 	$(PY) -m slogate_bench.reports benchmarks
 
-# About 5 minutes, no llama-server: the cost order against arrival order (issue 28.1) on the pod
+# About 2 minutes (2.0 here), no llama-server: the cost order against arrival order (issue 28.1) on the pod
 # `make bench-full` calibrated, both mixes at 1x, 2x and 4x, eight arrival schedules each, with the
 # clairvoyant's goodput on each trace; writes docs/bench/cost-simulated.json and the measured block
 # of docs/admission-math.md.
