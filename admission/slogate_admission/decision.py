@@ -288,7 +288,7 @@ def decide(
         # bound: the slot it would get, and the queue's drain to its depth, within that
         # slack (a wait that cannot end in time is refused now, not at its deadline). The
         # queue ahead prefills during the wait, so the slack is the SLO less its own prefill.
-        slack_wait = min(config.max_wait_s, limits.ttft_slo_s - request.waited_s - m * own)
+        slack_wait = wait_slack_s(config, limits, request, m, own)
         if slack_wait > 0 and predicted_q <= limits.ttft_slo_s:
             needed = max(
                 state.slot_wait_s if capacity_short else 0.0,
@@ -352,6 +352,13 @@ def never_fits(config: GateConfig, request: Request) -> tuple[Reason, ...]:
         config.clamp_max_tokens and room - request.prompt_tokens >= 1
     )
     return _REASONS[ttft, kv, limits.concurrency_cap < 1, config.decode_streams_cap < 1]
+
+
+def wait_slack_s(config: GateConfig, limits: ClassLimits, request: Request, margin: float, own_s: float) -> float:
+    """How long a request may wait for capacity: min(max wait, SLO − waited − m · T_prefill(n_in)).
+    The prompts queued ahead prefill during the wait, so once a slot is its own only its own
+    prefill is left. ``decide`` bounds a deferral by it, the cost order a held-back arrival."""
+    return min(config.max_wait_s, limits.ttft_slo_s - request.waited_s - margin * own_s)
 
 
 def own_limits(config: GateConfig, request: Request) -> ClassLimits:

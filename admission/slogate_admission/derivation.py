@@ -13,7 +13,6 @@ from datetime import datetime
 
 from slogate_admission.schema import (
     CalibrationProfile,
-    ClassPolicy,
     ClassThresholds,
     Policy,
     Thresholds,
@@ -22,7 +21,6 @@ from slogate_admission.service import DecodeCurve, PrefillCurve, server_seconds_
 from slogate_admission.tenant_schema import TenantsPolicy, TenantThresholds
 from slogate_admission.ttft import token_budget
 
-DEFAULT_CLASS_NAME = "default"
 DEFAULT_REFERENCE_PROMPT_TOKENS = 512
 """Prompt length at which the queue-drain rate is taken. Queued prompts are of many
 lengths; the rate at a mid-size prompt is conservative for short ones and honest
@@ -102,13 +100,11 @@ def derive_thresholds(
     n_out_ref = policy.output_tokens.default
     throughput = 1.0 / server_seconds_per_request(prefill, decode, n_ref, n_out_ref, cap)
 
-    class_policies = policy.classes or (ClassPolicy(name=DEFAULT_CLASS_NAME),)
     classes: list[ClassThresholds] = []
-    budget_above = math.inf
     reserved_above = 0
-    for cls in class_policies:
+    for cls in policy.class_policies:
         own_slo = policy.ttft_slo_of(cls)
-        budget = min(own_slo, budget_above)
+        budget = policy.ttft_budget_of(cls.name)
         if budget < floor_s:
             raise DerivationError(
                 f"class {cls.name!r}: a TTFT budget of {budget:g} s is below the {floor_s:.3f} s an idle "
@@ -133,7 +129,6 @@ def derive_thresholds(
                 l_max=class_cap,
             )
         )
-        budget_above = budget
         reserved_above += cls.reserved_slots
 
     default_class = policy.default_class or classes[-1].name

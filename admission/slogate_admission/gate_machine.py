@@ -27,6 +27,7 @@ from slogate_admission.decision import (
     Request,
     decide,
     own_limits,
+    wait_slack_s,
 )
 from slogate_admission.deferral_queue import DeferralQueue, Waiter, arrival_order
 from slogate_admission.ledger import Ledger, Ticket
@@ -177,10 +178,11 @@ class GateMachine:
         assert self.errors is not None
         if self.ledger.streams + 1 <= decision.concurrency_cap - self.thresholds.cost_reserve_slots:
             return decision
-        # The slack a deferral of it would have (decide's bound): the SLO left after its own prefill.
+        # As long as a deferral of it may wait (decide's bound).
         limits = own_limits(self.config, request)
-        margin = self.errors.margin(decision.class_name)
-        slack = min(self.config.max_wait_s, limits.ttft_slo_s - request.waited_s - margin * decision.own_prefill_s)
+        slack = wait_slack_s(
+            self.config, limits, request, self.errors.margin(decision.class_name), decision.own_prefill_s
+        )
         if slack <= 0:
             return decision
         return decision._replace(

@@ -7,6 +7,7 @@ Every model is frozen and rejects unknown fields, so a typo never becomes a defa
 
 from __future__ import annotations
 
+import math
 from datetime import datetime
 from typing import Annotated, Literal
 
@@ -18,6 +19,9 @@ from slogate_admission.tenant_schema import TenantsPolicy, TenantThresholds
 from slogate_admission.wire import ClassName, Model, NonNegativeSeconds, PositiveSeconds, Quantile, SloQuantile
 
 # --------------------------------------------------------------------------- policy
+
+DEFAULT_CLASS_NAME = "default"
+"""The one class of a policy that lists none."""
 
 
 class SLO(Model):
@@ -154,6 +158,21 @@ class Policy(Model):
         if own is None:  # the validator refuses such a policy
             raise ValueError(f"class {cls.name!r} has no TTFT SLO")
         return own
+
+    @property
+    def class_policies(self) -> tuple[ClassPolicy, ...]:
+        """The classes, highest first: those listed, or the one class ``default``."""
+        return self.classes or (ClassPolicy(name=DEFAULT_CLASS_NAME),)
+
+    def ttft_budget_of(self, class_name: str) -> float:
+        """The class's admit-now budget: the least TTFT SLO of it and every class above it (a
+        lower class never admits deeper into the queue than a higher one). KeyError if no such class."""
+        budget = math.inf
+        for cls in self.class_policies:
+            budget = min(budget, self.ttft_slo_of(cls))
+            if cls.name == class_name:
+                return budget
+        raise KeyError(class_name)
 
 
 # --------------------------------------------------------------------------- profile

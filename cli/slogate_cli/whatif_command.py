@@ -141,14 +141,12 @@ def from_policy(args: argparse.Namespace) -> dict[str, float | int]:
     if (note := read.note()) is not None:
         print(note, file=sys.stderr)
     policy = read.policy
-    names = [c.name for c in policy.classes] or ["default"]
+    names = [c.name for c in policy.class_policies]
     name = args.class_name or policy.default_class or names[-1]
     if name not in names:
         raise CommandError(f"--class {name!r} is not a class of the policy ({', '.join(names)})")
-    # Admitted at once within its class's budget: the least TTFT SLO of it and every class above.
-    slos = [c.ttft_seconds or policy.slo.ttft_seconds or 0.0 for c in policy.classes]  # a Policy gives each one
-    budget = min(slos[: names.index(name) + 1]) if policy.classes else policy.slo.ttft_seconds or 0.0
-    given: dict[str, float | int] = {"slo_ttft": budget}
+    # Admitted at once within its class's budget, as the gate would (Policy.ttft_budget_of).
+    given: dict[str, float | int] = {"slo_ttft": policy.ttft_budget_of(name)}
     if policy.concurrency.max is not None:
         given["concurrency_cap"] = policy.concurrency.max
     return given

@@ -13,16 +13,9 @@ from pathlib import Path
 import requests
 
 from ports import free_ports
+from process_table import children_of, gone
 from slogate_admission.schema import CalibrationProfile, Thresholds
 from slogate_calibration.runtime import LlamaServer
-
-
-def gone(pid: int) -> bool:
-    """No such process, or only its zombie (killed, not yet reaped by whoever adopted it)."""
-    try:
-        return (Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
-    except FileNotFoundError:
-        return True
 
 
 def up(server: LlamaServer, state: Path, *extra: str) -> subprocess.CompletedProcess[str]:
@@ -122,20 +115,6 @@ def test_the_first_ctrl_c_drains_and_says_so_and_the_second_stops_at_once(
         if process.poll() is None:
             process.kill()
             process.wait()
-
-
-def children_of(pid: int) -> list[int]:
-    """Processes whose parent is ``pid`` (from /proc)."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-            except (FileNotFoundError, ProcessLookupError):
-                continue
-            if int(fields[1]) == pid:
-                found.append(int(entry.name))
-    return found
 
 
 def test_the_llama_server_up_starts_dies_when_up_is_killed(tmp_path: Path) -> None:

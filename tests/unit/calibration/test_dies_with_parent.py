@@ -11,18 +11,10 @@ import time
 
 import pytest
 
+from process_table import gone
 from slogate_calibration.runtime import dies_with_parent
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="prctl(PR_SET_PDEATHSIG) is Linux's")
-
-
-def gone(pid: int) -> bool:
-    """No such process, or only its zombie (killed, not yet reaped by whoever adopted it)."""
-    try:
-        with open(f"/proc/{pid}/stat") as stat:
-            return stat.read().rsplit(")", 1)[1].split()[0] == "Z"
-    except FileNotFoundError:
-        return True
 
 
 def wait_until(check: object, attempts: int = 600) -> bool:
